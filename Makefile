@@ -1,0 +1,52 @@
+# Set-up and entry points. `make run` and `make test` work on a fresh Debian machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SYSTEM_STAMP := $(VENV)/.system-deps
+# Debian packages the project needs at run or test time: libopus for the Opus codec,
+# opus-tools (opusdec) as the independent decoder in the tests, redis-server for tests
+# that start their own Redis.
+APT_PACKAGES := libopus0 opus-tools redis-server
+
+.PHONY: run test lint typecheck unit bench clean system-deps
+
+$(SYSTEM_STAMP):
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get install -y -q $$missing || { $$SUDO apt-get update -q && $$SUDO apt-get install -y -q $$missing; }; \
+	fi
+	@mkdir -p $(VENV) && touch $@
+
+$(STAMP): pyproject.toml constraints.txt | $(SYSTEM_STAMP)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	@touch $@
+
+system-deps: $(SYSTEM_STAMP)
+
+run: $(STAMP)
+	$(PY) -m gateway serve --dev
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(PY) -m pytest -q
+
+test: lint typecheck unit
+
+bench: $(STAMP)
+	$(PY) -m tests.bench.first_audio
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache artifacts

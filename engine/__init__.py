@@ -1,0 +1,1 @@
+"""The TTS engine process, its backends, and the IPC contract the gateway talks to."""

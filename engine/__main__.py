@@ -1,0 +1,122 @@
+"""``python -m engine``: run the engine process.
+
+Usually the gateway starts it (see :mod:`engine.supervisor`); run it alone to let one
+or more gateway workers attach to it through ``--socket`` (gateway: ``ENGINE_SOCKET``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import secrets
+import signal
+import sys
+
+from engine.backends.base import backend_names, create_backend
+from engine.config import EngineSettings
+from engine.server import EngineLayout, EngineServer
+from engine.shm import SharedRegion, SlotArena
+
+log = logging.getLogger("engine")
+PR_SET_PDEATHSIG = 1
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    defaults = EngineSettings.from_env(os.environ)
+    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
+    parser.add_argument("--socket", default=defaults.socket_path, help="control socket path")
+    parser.add_argument("--backend", default=defaults.backend, choices=backend_names())
+    parser.add_argument("--slots", type=int, default=defaults.slots)
+    parser.add_argument("--out-ring-kib", type=int, default=defaults.out_ring_kib)
+    parser.add_argument("--in-ring-kib", type=int, default=defaults.in_ring_kib)
+    parser.add_argument("--shm-dir", default=defaults.shm_directory)
+    parser.add_argument(
+        "--parent-pid", type=int, default=None, help="exit when this process goes away"
+    )
+    parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
+    return parser.parse_args(argv)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGTERM us when the parent dies (prctl PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        sys.exit(0)
+
+
+async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        if os.getppid() != parent_pid:
+            log.warning("parent %d is gone; exiting", parent_pid)
+            stop.set()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+
+
+async def run_engine(args: argparse.Namespace) -> None:
+    backend = create_backend(args.backend)
+    out_bytes, in_bytes = args.out_ring_kib * 1024, args.in_ring_kib * 1024
+    size = SlotArena.region_size(args.slots, out_bytes, in_bytes)
+    name = f"ivr-engine-{os.getpid()}-{secrets.token_hex(4)}"
+    region = SharedRegion.create(name, size, directory=args.shm_dir)
+    arena = SlotArena(region, args.slots, out_bytes, in_bytes)
+    arena.reset_all()
+    layout = EngineLayout(region, arena, args.slots, out_bytes, in_bytes)
+    server = EngineServer(backend, layout)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    watcher = None
+    if args.parent_pid is not None:
+        watcher = asyncio.create_task(_watch_parent(args.parent_pid, stop))
+    try:
+        await server.start(args.socket)
+        log.info(
+            "engine ready: backend=%s slots=%d socket=%s shm=%s (%.1f MiB)",
+            backend.name,
+            args.slots,
+            args.socket,
+            region.path,
+            size / 2**20,
+        )
+        await stop.wait()
+    finally:
+        log.info("engine stopping")
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        await server.stop()
+        backend.close()
+        with contextlib.suppress(OSError):
+            os.unlink(args.socket)
+        arena.close()
+        region.close()
+        region.unlink()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s engine[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+    if args.parent_pid is not None:
+        _die_with_parent(args.parent_pid)
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        uvloop.install()
+    asyncio.run(run_engine(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""TTS backends behind one interface; see :mod:`engine.backends.base`."""

@@ -1,0 +1,106 @@
+"""The interface every TTS backend implements, and the backend registry.
+
+A backend is owned by exactly one thread (the scheduler's worker thread): none of its
+methods is ever called concurrently, so backends wrapping non-thread-safe libraries
+(espeak-ng) need no locking. ``synthesize`` is called once per text segment (a sentence
+or a clause, see :mod:`engine.text`) and streams audio out through ``emit`` as the
+backend produces it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.schema import VoiceInfo
+
+PcmChunk = npt.NDArray[np.int16]
+# Receives int16 mono PCM at the backend's native rate; returns False to stop synthesis.
+EmitFn = Callable[[PcmChunk], bool]
+
+
+class BackendError(Exception):
+    """A backend failed; ``code`` is the error code reported to the client."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class UnknownVoice(BackendError):
+    def __init__(self, voice: str) -> None:
+        super().__init__("unknown_voice", f"unknown voice {voice!r}")
+
+
+@dataclass(frozen=True)
+class VoiceSettings:
+    """What a stream asked for, validated by :meth:`Backend.resolve_voice`."""
+
+    voice_id: str
+    speed: float = 1.0
+    language: str | None = None
+    profile: bytes | None = None
+
+
+class Backend(Protocol):
+    name: str
+    native_sample_rate: int
+    max_text_chars: int
+
+    def voices(self) -> Sequence[VoiceInfo]:
+        """Built-in voices."""
+        ...
+
+    def resolve_voice(self, settings: VoiceSettings) -> object:
+        """Validate ``settings`` and return an opaque handle for :meth:`synthesize`.
+
+        Raises :class:`UnknownVoice` or :class:`BackendError`.
+        """
+        ...
+
+    def synthesize(self, text: str, voice: object, emit: EmitFn) -> None:
+        """Synthesize one normalized segment, calling ``emit`` with audio as it comes.
+
+        Returns when the segment is done or ``emit`` returned False. Raises
+        :class:`BackendError` on failure.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+BackendFactory = Callable[[], Backend]
+_REGISTRY: dict[str, BackendFactory] = {}
+
+
+def register_backend(name: str, factory: BackendFactory) -> None:
+    _REGISTRY[name] = factory
+
+
+def create_backend(name: str) -> Backend:
+    """Instantiate backend ``name``; raises KeyError listing the known names."""
+    _load_builtin_backends()
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise KeyError(f"unknown engine backend {name!r} (known: {known})") from None
+    return factory()
+
+
+def backend_names() -> list[str]:
+    _load_builtin_backends()
+    return sorted(_REGISTRY)
+
+
+def _load_builtin_backends() -> None:
+    # Imported lazily so that a backend's heavy dependencies load only when chosen.
+    from engine.backends import espeak, synthetic
+
+    espeak.register()
+    synthetic.register()

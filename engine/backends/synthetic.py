@@ -1,0 +1,76 @@
+"""A deterministic test backend: tones instead of speech, with adjustable slowness.
+
+Every character of a segment becomes ``CHAR_MS`` of a sine tone whose frequency depends
+on the voice. It exists so that tests and benchmarks can control the engine's timing
+exactly (``ENGINE_SYNTHETIC_FIRST_CHUNK_MS``: delay before the first chunk of each
+segment; ``ENGINE_SYNTHETIC_RTF``: seconds of compute per second of audio), which the
+real backends cannot. Select it with ``ENGINE_BACKEND=synthetic``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.backends.base import BackendError, EmitFn, UnknownVoice, VoiceSettings, register_backend
+from engine.schema import VoiceInfo
+
+CHAR_MS = 60
+CHUNK_MS = 40
+_VOICES = {"en-us": 220.0, "zh": 330.0, "yue": 440.0, "tone": 1000.0}
+
+
+@dataclass(frozen=True)
+class ToneVoice:
+    frequency: float
+    speed: float
+
+
+class SyntheticBackend:
+    name = "synthetic"
+    native_sample_rate = 16000
+    max_text_chars = 5000
+
+    def __init__(self) -> None:
+        self.first_chunk_s = float(os.environ.get("ENGINE_SYNTHETIC_FIRST_CHUNK_MS", "0")) / 1000
+        self.rtf = float(os.environ.get("ENGINE_SYNTHETIC_RTF", "0"))
+
+    def voices(self) -> Sequence[VoiceInfo]:
+        return [
+            VoiceInfo(id=vid, language="und", name=f"Tone {freq:.0f} Hz", backend=self.name)
+            for vid, freq in _VOICES.items()
+        ]
+
+    def resolve_voice(self, settings: VoiceSettings) -> ToneVoice:
+        if settings.voice_id not in _VOICES:
+            raise UnknownVoice(settings.voice_id)
+        if not 0.25 <= settings.speed <= 4.0:
+            raise BackendError("invalid_speed", "speed must be between 0.25 and 4.0")
+        return ToneVoice(_VOICES[settings.voice_id], settings.speed)
+
+    def synthesize(self, text: str, voice: object, emit: EmitFn) -> None:
+        assert isinstance(voice, ToneVoice)
+        rate = self.native_sample_rate
+        total = int(len(text) * CHAR_MS / 1000 / voice.speed * rate)
+        chunk = CHUNK_MS * rate // 1000
+        if self.first_chunk_s:
+            time.sleep(self.first_chunk_s)
+        for start in range(0, total, chunk):
+            n = min(chunk, total - start)
+            t = (np.arange(start, start + n) / rate).astype(np.float64)
+            pcm = (8000 * np.sin(2 * np.pi * voice.frequency * t)).astype(np.int16)
+            if self.rtf:
+                time.sleep(self.rtf * n / rate)
+            if not emit(pcm):
+                return
+
+    def close(self) -> None:
+        pass
+
+
+def register() -> None:
+    register_backend("synthetic", SyntheticBackend)

@@ -1,0 +1,337 @@
+"""The gateway's side of the engine IPC: one control connection, many streams.
+
+:class:`EngineClient` speaks :mod:`engine.schema` over the engine's Unix socket and maps
+its shared-memory slot arena. :class:`EngineStream` is one session's slot: the outbound
+ring it reads synthesized PCM from, the inbound ring it writes caller audio to, and the
+control calls (speak, cancel, close). Engine events for a stream go to its
+:class:`StreamListener`, called on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+from typing import Any, Protocol, cast
+
+from engine.ring import SpscRing
+from engine.schema import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Cancelled,
+    CloseStream,
+    FrameDecoder,
+    FramingError,
+    Hello,
+    Message,
+    OpenStream,
+    Ping,
+    Pong,
+    ProtocolError,
+    Speak,
+    StreamClosed,
+    StreamOpened,
+    StreamRejected,
+    UtteranceAudio,
+    UtteranceEnd,
+    UtteranceFailed,
+    Welcome,
+    encode,
+)
+from engine.shm import SharedRegion, SlotArena
+
+log = logging.getLogger(__name__)
+
+
+class EngineUnavailable(Exception):
+    """The engine is not connected, went away, or did not answer in time."""
+
+    code = "engine_unavailable"
+
+
+class EngineRejected(Exception):
+    """The engine refused a request; ``code`` is client-facing (``overloaded``, ...)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class StreamListener(Protocol):
+    def on_utterance_audio(self, event: UtteranceAudio) -> None: ...
+    def on_utterance_end(self, event: UtteranceEnd) -> None: ...
+    def on_utterance_failed(self, event: UtteranceFailed) -> None: ...
+    def on_engine_lost(self) -> None: ...
+
+
+class EngineStream:
+    """One open stream. Methods must be called on the event loop."""
+
+    def __init__(
+        self,
+        client: EngineClient,
+        stream_id: int,
+        slot: int,
+        listener: StreamListener,
+    ) -> None:
+        self.client = client
+        self.stream_id = stream_id
+        self.slot = slot
+        self.listener = listener
+        self.outbound: SpscRing = client.arena.outbound(slot)
+        self.inbound: SpscRing = client.arena.inbound(slot)
+        self.closed = False
+        self._cancel_waiters: list[asyncio.Future[int]] = []
+        self._close_waiter: asyncio.Future[None] | None = None
+
+    def speak(self, utterance: int, text: str, *, final: bool) -> None:
+        self.client.send(
+            Speak(stream_id=self.stream_id, utterance=utterance, text=text, final=final)
+        )
+
+    async def cancel(self, timeout: float = 2.0) -> int:
+        """Stop the engine's work; returns the ring position where cancelled audio ends.
+
+        Bytes before that position belong to cancelled work. Raises
+        :class:`EngineUnavailable` if the engine does not confirm in time.
+        """
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._cancel_waiters.append(waiter)
+        self.client.send(Cancel(stream_id=self.stream_id))
+        try:
+            return await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            raise EngineUnavailable("engine did not confirm cancel") from None
+
+    async def close(self, timeout: float = 2.0) -> None:
+        """Release the slot. Safe to call more than once and after the engine is gone."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.client.lost:
+            return
+        self._close_waiter = asyncio.get_running_loop().create_future()
+        self.client.send(CloseStream(stream_id=self.stream_id))
+        with contextlib.suppress(TimeoutError, EngineUnavailable):
+            await asyncio.wait_for(self._close_waiter, timeout)
+        self.outbound.release()
+        self.inbound.release()
+
+    # called by the client
+    def _dispatch(self, message: Message) -> None:
+        if isinstance(message, UtteranceAudio):
+            self.listener.on_utterance_audio(message)
+        elif isinstance(message, UtteranceEnd):
+            self.listener.on_utterance_end(message)
+        elif isinstance(message, UtteranceFailed):
+            self.listener.on_utterance_failed(message)
+        elif isinstance(message, Cancelled):
+            if self._cancel_waiters:
+                waiter = self._cancel_waiters.pop(0)
+                if not waiter.done():
+                    waiter.set_result(message.write_pos)
+        elif (
+            isinstance(message, StreamClosed)
+            and self._close_waiter is not None
+            and not self._close_waiter.done()
+        ):
+            self._close_waiter.set_result(None)
+
+    def _lost(self) -> None:
+        for waiter in self._cancel_waiters:
+            if not waiter.done():
+                waiter.set_exception(EngineUnavailable("engine connection lost"))
+        self._cancel_waiters.clear()
+        if self._close_waiter is not None and not self._close_waiter.done():
+            self._close_waiter.set_result(None)
+        if not self.closed:
+            self.closed = True
+            self.listener.on_engine_lost()
+
+
+class EngineClient(asyncio.Protocol):
+    """A connection to one engine. Create it with :meth:`connect`."""
+
+    def __init__(self, client_name: str) -> None:
+        self._client_name = client_name
+        self._decoder = FrameDecoder("from_engine")
+        self._transport: asyncio.Transport | None = None
+        self._welcome: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
+        self._pongs: dict[int, asyncio.Future[Pong]] = {}
+        self._opening: dict[int, asyncio.Future[StreamOpened]] = {}
+        self.streams: dict[int, EngineStream] = {}
+        self._ids = itertools.count(1)
+        self._ping_seq = itertools.count(1)
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.lost = False
+        self.welcome: Welcome | None = None
+        self.region: SharedRegion | None = None
+        self._arena: SlotArena | None = None
+        self.last_pong: Pong | None = None
+
+    @classmethod
+    async def connect(
+        cls, socket_path: str, *, timeout: float = 5.0, client_name: str = ""
+    ) -> EngineClient:
+        """Connect, say Hello, wait for Welcome and map the engine's slot arena."""
+        loop = asyncio.get_running_loop()
+        name = client_name or f"gateway-{os.getpid()}"
+        async with asyncio.timeout(timeout):
+            _, client = await loop.create_unix_connection(lambda: cls(name), socket_path)
+            try:
+                client.send(Hello(protocol_version=PROTOCOL_VERSION, client=name))
+                welcome = await client._welcome
+                client._attach(welcome)
+            except BaseException:
+                client.abort()
+                raise
+        return client
+
+    @property
+    def arena(self) -> SlotArena:
+        if self._arena is None:
+            raise EngineUnavailable("not attached")
+        return self._arena
+
+    def _attach(self, welcome: Welcome) -> None:
+        self.region = SharedRegion.attach(welcome.shm_name, directory=welcome.shm_directory)
+        self._arena = SlotArena(
+            self.region, welcome.slots, welcome.out_ring_bytes, welcome.in_ring_bytes
+        )
+        self.welcome = welcome
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self._decoder.feed(data)
+        except FramingError as exc:
+            log.error("engine sent an invalid frame: %s", exc)
+            self.abort()
+            return
+        for message in messages:
+            self._handle(message)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        error = EngineUnavailable("engine connection lost")
+        futures: list[asyncio.Future[Any]] = [
+            self._welcome,
+            *self._pongs.values(),
+            *self._opening.values(),
+        ]
+        for future in futures:
+            if not future.done():
+                future.set_exception(error)
+                future.exception()  # mark retrieved: nobody may be waiting any more
+        self._pongs.clear()
+        self._opening.clear()
+        streams = list(self.streams.values())
+        self.streams.clear()
+        for stream in streams:
+            stream._lost()
+        if not self.closed.done():
+            self.closed.set_result(None)
+        if self._arena is not None:
+            with contextlib.suppress(Exception):
+                self._arena.close()
+        if self.region is not None:
+            with contextlib.suppress(Exception):
+                self.region.close()
+
+    def _handle(self, message: Message) -> None:
+        if isinstance(message, Welcome):
+            if not self._welcome.done():
+                self._welcome.set_result(message)
+        elif isinstance(message, Pong):
+            self.last_pong = message
+            future = self._pongs.pop(message.seq, None)
+            if future is not None and not future.done():
+                future.set_result(message)
+        elif isinstance(message, StreamOpened | StreamRejected):
+            opening = self._opening.pop(message.stream_id, None)
+            if opening is None:
+                return
+            if isinstance(message, StreamOpened):
+                opening.set_result(message)
+            else:
+                opening.set_exception(EngineRejected(message.code, message.message))
+        elif isinstance(message, ProtocolError):
+            log.error("engine reports a protocol error: %s", message.message)
+        else:
+            stream_id = getattr(message, "stream_id", None)
+            stream = self.streams.get(stream_id) if stream_id is not None else None
+            if stream is not None:
+                if isinstance(message, StreamClosed):
+                    del self.streams[message.stream_id]
+                stream._dispatch(message)
+
+    # API
+
+    def send(self, message: Message) -> None:
+        if self.lost or self._transport is None or self._transport.is_closing():
+            raise EngineUnavailable("engine connection is closed")
+        self._transport.write(encode(message))
+
+    async def ping(self, timeout: float) -> Pong:
+        seq = next(self._ping_seq)
+        future: asyncio.Future[Pong] = asyncio.get_running_loop().create_future()
+        self._pongs[seq] = future
+        try:
+            self.send(Ping(seq=seq))
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise EngineUnavailable("engine heartbeat timed out") from None
+        finally:
+            self._pongs.pop(seq, None)
+
+    async def open_stream(
+        self,
+        *,
+        voice: str,
+        sample_rate: int,
+        listener: StreamListener,
+        speed: float = 1.0,
+        language: str | None = None,
+        voice_profile: bytes | None = None,
+        timeout: float = 5.0,
+    ) -> EngineStream:
+        """Open a stream; raises :class:`EngineRejected` or :class:`EngineUnavailable`."""
+        stream_id = next(self._ids)
+        future: asyncio.Future[StreamOpened] = asyncio.get_running_loop().create_future()
+        self._opening[stream_id] = future
+        try:
+            self.send(
+                OpenStream(
+                    stream_id=stream_id,
+                    voice=voice,
+                    sample_rate=sample_rate,
+                    speed=speed,
+                    language=language,
+                    voice_profile=voice_profile,
+                )
+            )
+            opened = await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise EngineUnavailable("engine did not answer OpenStream") from None
+        finally:
+            self._opening.pop(stream_id, None)
+        stream = EngineStream(self, stream_id, opened.slot, listener)
+        self.streams[stream_id] = stream
+        return stream
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    async def aclose(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(self.closed), 2.0)

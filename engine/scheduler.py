@@ -1,0 +1,352 @@
+"""The engine's scheduler: one worker thread owns the backend and serves every stream.
+
+Fairness: streams take turns, one text segment (a clause or a sentence, at most
+:attr:`engine.text.SegmentSplitter.max_segment_chars` characters) per turn, so one long
+text cannot starve short prompts and every new utterance's first clause is synthesized
+within one round.
+
+Back-pressure: audio goes into the stream's outbound ring. When the ring is full the
+rest of the segment waits in the stream's ``pending`` buffer, and the stream gets no new
+turn until ``pending`` has drained: a full ring never overwrites unread audio.
+
+Thread contract: the public methods (``open_stream``, ``speak``, ``cancel``,
+``close_stream``, ``stop``) are called from the server's event-loop thread and only
+enqueue commands; everything else runs on the worker thread. Events go out through the
+``on_event`` callback, called on the worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.backends.base import Backend, BackendError, PcmChunk
+from engine.ring import SpscRing
+from engine.schema import (
+    Cancelled,
+    Message,
+    StreamClosed,
+    UtteranceAudio,
+    UtteranceEnd,
+    UtteranceFailed,
+)
+from engine.text import SegmentSplitter
+from telephony.resample import StreamingResampler
+
+log = logging.getLogger(__name__)
+
+# Events are routed by the server: (owner token, message).
+EventSink = Callable[[object, Message], None]
+PENDING_POLL_S = 0.004
+IDLE_WAIT_S = 0.5
+
+
+@dataclass
+class _Utterance:
+    seq: int
+    splitter: SegmentSplitter = field(default_factory=SegmentSplitter)
+    segments: deque[str] = field(default_factory=deque)
+    final: bool = False
+    chars: int = 0
+    start_pos: int | None = None
+    announced: bool = False
+    samples: int = 0
+    tail_flushed: bool = False
+
+
+@dataclass
+class _Stream:
+    slot: int
+    stream_id: int
+    owner: object
+    ring: SpscRing
+    voice: object
+    resampler: StreamingResampler
+    utterances: deque[_Utterance] = field(default_factory=deque)
+    pending: bytearray = field(default_factory=bytearray)
+    # Bumped (from the loop thread) on cancel/close so in-flight synthesis stops at once.
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class _Open:
+    stream: _Stream
+
+
+@dataclass(frozen=True)
+class _Speak:
+    slot: int
+    utterance: int
+    text: str
+    final: bool
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    slot: int
+    close: bool
+
+
+_Command = _Open | _Speak | _Cancel | None
+
+
+@dataclass
+class SchedulerStats:
+    active_streams: int = 0
+    queued_utterances: int = 0
+    segments: int = 0
+    audio_samples: int = 0
+    synth_seconds: float = 0.0
+
+
+class Scheduler:
+    def __init__(self, backend: Backend, on_event: EventSink, *, max_text_chars: int) -> None:
+        self._backend = backend
+        self._on_event = on_event
+        self._max_text_chars = max_text_chars
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._streams: dict[int, _Stream] = {}
+        self._order: deque[int] = deque()  # round-robin order of slots
+        self._generations: dict[int, int] = {}  # slot -> generation, written by loop thread
+        self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
+        self._stopping = False
+        self.stats = SchedulerStats()
+
+    # --- loop-thread API -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        self._commands.put(None)
+        self._thread.join(timeout)
+
+    def open_stream(
+        self,
+        *,
+        slot: int,
+        stream_id: int,
+        owner: object,
+        ring: SpscRing,
+        voice: object,
+        sample_rate: int,
+    ) -> None:
+        resampler = StreamingResampler(self._backend.native_sample_rate, sample_rate)
+        stream = _Stream(slot, stream_id, owner, ring, voice, resampler)
+        self._generations[slot] = 0
+        self._commands.put(_Open(stream))
+
+    def speak(self, slot: int, utterance: int, text: str, final: bool) -> None:
+        self._commands.put(_Speak(slot, utterance, text, final))
+
+    def cancel(self, slot: int) -> None:
+        self._generations[slot] = self._generations.get(slot, 0) + 1
+        self._commands.put(_Cancel(slot, close=False))
+
+    def close_stream(self, slot: int) -> None:
+        self._generations[slot] = self._generations.get(slot, 0) + 1
+        self._commands.put(_Cancel(slot, close=True))
+
+    # --- worker thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping:
+            has_pending = any(s.pending for s in self._streams.values())
+            self._take_commands(PENDING_POLL_S if has_pending else IDLE_WAIT_S, block=True)
+            while True:
+                self._flush_all()
+                stream = self._next_ready()
+                if stream is None:
+                    break
+                self._synthesize_next(stream)
+                self._take_commands(0, block=False)
+                if self._stopping:
+                    return
+
+    def _take_commands(self, timeout: float, *, block: bool) -> None:
+        try:
+            command = self._commands.get(block=block, timeout=timeout if block else None)
+        except queue.Empty:
+            return
+        while True:
+            if command is None:
+                return
+            self._apply(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, command: _Open | _Speak | _Cancel) -> None:
+        if isinstance(command, _Open):
+            stream = command.stream
+            stream.generation = self._generations.get(stream.slot, 0)
+            self._streams[stream.slot] = stream
+            self._order.append(stream.slot)
+        elif isinstance(command, _Speak):
+            self._accept_text(command)
+        else:
+            self._drop_work(command)
+        self.stats.active_streams = len(self._streams)
+        self.stats.queued_utterances = sum(len(s.utterances) for s in self._streams.values())
+
+    def _accept_text(self, command: _Speak) -> None:
+        stream = self._streams.get(command.slot)
+        if stream is None:
+            return
+        utterance = stream.utterances[-1] if stream.utterances else None
+        if utterance is None or utterance.seq != command.utterance or utterance.final:
+            utterance = _Utterance(command.utterance)
+            stream.utterances.append(utterance)
+        utterance.chars += len(command.text)
+        if utterance.chars > self._max_text_chars:
+            self._fail(stream, utterance, "text_too_long", "utterance text over the limit")
+            return
+        utterance.segments.extend(utterance.splitter.feed(command.text))
+        if command.final:
+            utterance.segments.extend(utterance.splitter.flush())
+            utterance.final = True
+
+    def _drop_work(self, command: _Cancel) -> None:
+        stream = self._streams.get(command.slot)
+        if stream is None:
+            return
+        stream.utterances.clear()
+        stream.pending.clear()
+        stream.resampler.reset()
+        stream.generation = self._generations.get(stream.slot, 0)
+        if command.close:
+            del self._streams[stream.slot]
+            self._order.remove(stream.slot)
+            self._on_event(stream.owner, StreamClosed(stream_id=stream.stream_id, slot=stream.slot))
+        else:
+            self._on_event(
+                stream.owner,
+                Cancelled(stream_id=stream.stream_id, write_pos=stream.ring.write_pos),
+            )
+
+    def _next_ready(self) -> _Stream | None:
+        """The next stream, round-robin, with a segment to synthesize and no backlog."""
+        for _ in range(len(self._order)):
+            slot = self._order[0]
+            self._order.rotate(-1)
+            stream = self._streams[slot]
+            if not stream.pending and stream.utterances and stream.utterances[0].segments:
+                return stream
+        return None
+
+    def _synthesize_next(self, stream: _Stream) -> None:
+        utterance = stream.utterances[0]
+        segment = utterance.segments.popleft()
+        generation = stream.generation
+
+        def emit(chunk: PcmChunk) -> bool:
+            if self._generations.get(stream.slot) != generation:
+                return False  # cancelled or closed while synthesizing
+            self._output(stream, utterance, stream.resampler.process(chunk.tobytes()))
+            return True
+
+        started = time.perf_counter()
+        try:
+            self._backend.synthesize(segment, stream.voice, emit)
+        except BackendError as exc:
+            self._fail(stream, utterance, exc.code, exc.message)
+        except Exception:
+            log.exception("backend failed on stream %s", stream.stream_id)
+            self._fail(stream, utterance, "engine_error", "synthesis failed")
+        finally:
+            self.stats.segments += 1
+            self.stats.synth_seconds += time.perf_counter() - started
+
+    def _output(self, stream: _Stream, utterance: _Utterance, pcm: bytes) -> None:
+        if not pcm:
+            return
+        if utterance.start_pos is None:
+            utterance.start_pos = stream.ring.write_pos + len(stream.pending)
+        utterance.samples += len(pcm) // 2
+        self.stats.audio_samples += len(pcm) // 2
+        if stream.pending:
+            stream.pending += pcm
+        else:
+            written = stream.ring.write(pcm)
+            if written < len(pcm):
+                stream.pending += pcm[written:]
+        self._announce(stream, utterance)
+
+    def _announce(self, stream: _Stream, utterance: _Utterance) -> None:
+        if (
+            not utterance.announced
+            and utterance.start_pos is not None
+            and stream.ring.write_pos > utterance.start_pos
+        ):
+            utterance.announced = True
+            self._on_event(
+                stream.owner,
+                UtteranceAudio(
+                    stream_id=stream.stream_id,
+                    utterance=utterance.seq,
+                    start_pos=utterance.start_pos,
+                ),
+            )
+
+    def _flush_all(self) -> None:
+        for stream in list(self._streams.values()):
+            if stream.pending:
+                written = stream.ring.write(stream.pending)
+                if written:
+                    del stream.pending[:written]
+            if stream.utterances:
+                utterance = stream.utterances[0]
+                self._announce(stream, utterance)
+                self._maybe_finish(stream, utterance)
+
+    def _maybe_finish(self, stream: _Stream, utterance: _Utterance) -> None:
+        if not utterance.final or utterance.segments:
+            return
+        if not utterance.tail_flushed:
+            utterance.tail_flushed = True
+            self._output(stream, utterance, stream.resampler.flush())
+        if stream.pending:
+            return
+        self._announce(stream, utterance)
+        end = stream.ring.write_pos
+        start = utterance.start_pos if utterance.start_pos is not None else end
+        stream.utterances.popleft()
+        stream.resampler.reset()
+        self._on_event(
+            stream.owner,
+            UtteranceEnd(
+                stream_id=stream.stream_id,
+                utterance=utterance.seq,
+                start_pos=start,
+                end_pos=end,
+                samples=utterance.samples,
+            ),
+        )
+
+    def _fail(self, stream: _Stream, utterance: _Utterance, code: str, message: str) -> None:
+        """Drop ``utterance``. Audio of it already in the ring ends at ``end_pos``."""
+        end_pos: int | None = None
+        if stream.utterances and stream.utterances[0] is utterance:
+            stream.pending.clear()  # only the head utterance has output in flight
+            stream.resampler.reset()
+            end_pos = stream.ring.write_pos
+        if utterance in stream.utterances:
+            stream.utterances.remove(utterance)
+        self._on_event(
+            stream.owner,
+            UtteranceFailed(
+                stream_id=stream.stream_id,
+                utterance=utterance.seq,
+                code=code,
+                message=message,
+                start_pos=utterance.start_pos if utterance.announced else None,
+                end_pos=end_pos,
+            ),
+        )

@@ -1,0 +1,252 @@
+"""Typed control messages between the gateway and the engine.
+
+This module is the whole control-channel contract. Audio never travels here: it goes
+through the shared-memory rings of :mod:`engine.shm`. Every message is a msgspec
+``Struct`` with a tag; the channel carries one MessagePack-encoded message per frame,
+each frame prefixed by its length as a 4-byte big-endian unsigned integer (see
+:class:`FrameDecoder`).
+
+Conversation (gateway = client, engine = server)::
+
+    Hello            ->                       (first message; protocol version)
+                     <-  Welcome              (shared-memory layout, voices)
+    Ping             ->  Pong                 (heartbeat)
+    OpenStream       ->  StreamOpened | StreamRejected
+    Speak            ->  (UtteranceAudio, UtteranceEnd | UtteranceFailed)
+    Cancel           ->  Cancelled            (no more writes to the slot after write_pos)
+    CloseStream      ->  StreamClosed         (the slot is free again)
+
+Stream ids are chosen by the gateway and unique per connection. Utterance sequence
+numbers are chosen by the gateway and increase per stream. Ring positions are the
+monotonic byte positions of :class:`engine.ring.SpscRing`.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+import msgspec
+
+PROTOCOL_VERSION: Final = 1
+MAX_FRAME_BYTES: Final = 1 << 20
+_LENGTH = struct.Struct(">I")
+
+
+class Message(msgspec.Struct, tag=True, kw_only=True):
+    """Base of every control message."""
+
+
+# --- gateway -> engine -------------------------------------------------------------
+
+
+class Hello(Message):
+    protocol_version: int
+    client: str
+
+
+class Ping(Message):
+    seq: int
+
+
+class OpenStream(Message):
+    """Ask for a slot. ``voice`` is a voice id from :class:`Welcome`."""
+
+    stream_id: int
+    voice: str
+    sample_rate: int
+    speed: float = 1.0
+    language: str | None = None
+    # Opaque, backend-specific voice profile (a later voice registry fills it).
+    voice_profile: bytes | None = None
+
+
+class Speak(Message):
+    """Text for utterance ``utterance``; ``final`` means no more text follows for it."""
+
+    stream_id: int
+    utterance: int
+    text: str
+    final: bool = True
+
+
+class Cancel(Message):
+    """Drop every queued and running utterance of the stream."""
+
+    stream_id: int
+
+
+class CloseStream(Message):
+    stream_id: int
+
+
+# --- engine -> gateway -------------------------------------------------------------
+
+
+class VoiceInfo(msgspec.Struct, kw_only=True):
+    id: str
+    language: str
+    name: str
+    backend: str
+    gender: str | None = None
+
+
+class Welcome(Message):
+    protocol_version: int
+    engine_pid: int
+    backend: str
+    shm_name: str
+    shm_directory: str
+    slots: int
+    out_ring_bytes: int
+    in_ring_bytes: int
+    native_sample_rate: int
+    max_text_chars: int
+    voices: tuple[VoiceInfo, ...]
+
+
+class Pong(Message):
+    seq: int
+    active_streams: int
+    queued_utterances: int
+    rss_bytes: int
+
+
+class StreamOpened(Message):
+    stream_id: int
+    slot: int
+
+
+class StreamRejected(Message):
+    stream_id: int
+    code: str
+    message: str
+
+
+class UtteranceAudio(Message):
+    """The first bytes of ``utterance`` are in the outbound ring from ``start_pos``."""
+
+    stream_id: int
+    utterance: int
+    start_pos: int
+
+
+class UtteranceEnd(Message):
+    """Every byte of ``utterance`` is in the ring; it ends at ``end_pos`` (exclusive).
+
+    ``start_pos == end_pos`` is an utterance that produced no audio.
+    """
+
+    stream_id: int
+    utterance: int
+    start_pos: int
+    end_pos: int
+    samples: int
+
+
+class UtteranceFailed(Message):
+    """``utterance`` was dropped. If some of its audio reached the ring, that audio
+    spans ``start_pos`` to ``end_pos``; otherwise both are None."""
+
+    stream_id: int
+    utterance: int
+    code: str
+    message: str
+    start_pos: int | None = None
+    end_pos: int | None = None
+
+
+class Cancelled(Message):
+    """The engine will write nothing more for work queued before the Cancel.
+
+    Bytes before ``write_pos`` belong to cancelled work and should be discarded.
+    """
+
+    stream_id: int
+    write_pos: int
+
+
+class StreamClosed(Message):
+    """The engine no longer touches the stream's slot."""
+
+    stream_id: int
+    slot: int | None = None
+
+
+class ProtocolError(Message):
+    """The peer sent something the engine could not decode; the connection closes."""
+
+    message: str
+
+
+ToEngine = Hello | Ping | OpenStream | Speak | Cancel | CloseStream
+FromEngine = (
+    Welcome
+    | Pong
+    | StreamOpened
+    | StreamRejected
+    | UtteranceAudio
+    | UtteranceEnd
+    | UtteranceFailed
+    | Cancelled
+    | StreamClosed
+    | ProtocolError
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_to_engine_decoder = msgspec.msgpack.Decoder(ToEngine)
+_from_engine_decoder = msgspec.msgpack.Decoder(FromEngine)
+
+
+class FramingError(ValueError):
+    """The byte stream is not a valid sequence of frames (remote misbehaviour)."""
+
+
+def encode(message: Message) -> bytes:
+    """One length-prefixed frame holding ``message``."""
+    body = _encoder.encode(message)
+    if len(body) > MAX_FRAME_BYTES:
+        raise ValueError(f"control message of {len(body)} bytes exceeds {MAX_FRAME_BYTES}")
+    return _LENGTH.pack(len(body)) + body
+
+
+class FrameDecoder:
+    """Sans-I/O decoder: feed bytes, get typed messages back.
+
+    ``direction`` picks which union is accepted: ``"to_engine"`` on the engine side,
+    ``"from_engine"`` on the gateway side. Raises :class:`FramingError` on an oversized
+    frame or an undecodable/unknown message; the caller must then drop the connection.
+    """
+
+    def __init__(self, direction: str) -> None:
+        if direction == "to_engine":
+            self._decoder: (
+                msgspec.msgpack.Decoder[ToEngine] | msgspec.msgpack.Decoder[FromEngine]
+            ) = _to_engine_decoder
+        elif direction == "from_engine":
+            self._decoder = _from_engine_decoder
+        else:
+            raise ValueError(f"unknown direction {direction!r}")
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[Message]:
+        self._buffer += data
+        out: list[Message] = []
+        buffer = self._buffer
+        offset = 0
+        while len(buffer) - offset >= _LENGTH.size:
+            (length,) = _LENGTH.unpack_from(buffer, offset)
+            if length > MAX_FRAME_BYTES:
+                raise FramingError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+            end = offset + _LENGTH.size + length
+            if len(buffer) < end:
+                break
+            try:
+                message = self._decoder.decode(memoryview(buffer)[offset + _LENGTH.size : end])
+            except msgspec.DecodeError as exc:
+                raise FramingError(f"undecodable control message: {exc}") from exc
+            out.append(message)
+            offset = end
+        if offset:
+            del buffer[:offset]
+        return out

@@ -1,0 +1,269 @@
+"""The engine's control server: a Unix socket speaking :mod:`engine.schema`.
+
+One :class:`EngineServer` per engine process. Each gateway worker holds one connection;
+streams belong to the connection that opened them and are closed (their slots freed)
+when it goes away. Slots are allocated here from a fixed pool; an exhausted pool answers
+``StreamRejected(code="overloaded")``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass
+from typing import cast
+
+from engine.backends.base import Backend, BackendError, VoiceSettings
+from engine.scheduler import Scheduler
+from engine.schema import (
+    PROTOCOL_VERSION,
+    Cancel,
+    CloseStream,
+    FrameDecoder,
+    FramingError,
+    Hello,
+    Message,
+    OpenStream,
+    Ping,
+    Pong,
+    ProtocolError,
+    Speak,
+    StreamClosed,
+    StreamOpened,
+    StreamRejected,
+    Welcome,
+    encode,
+)
+from engine.shm import SharedRegion, SlotArena
+
+log = logging.getLogger(__name__)
+SUPPORTED_RATES = frozenset({8000, 12000, 16000, 22050, 24000, 44100, 48000})
+
+
+def resident_memory_bytes() -> int:
+    """This process's resident set size, from /proc (0 where unavailable)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class SlotPool:
+    """Fixed pool of slot numbers; ``acquire`` returns None when exhausted."""
+
+    def __init__(self, size: int) -> None:
+        self._free: deque[int] = deque(range(size))
+        self.size = size
+
+    def acquire(self) -> int | None:
+        return self._free.popleft() if self._free else None
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+    @property
+    def in_use(self) -> int:
+        return self.size - len(self._free)
+
+
+@dataclass(frozen=True)
+class EngineLayout:
+    region: SharedRegion
+    arena: SlotArena
+    slots: int
+    out_ring_bytes: int
+    in_ring_bytes: int
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: EngineServer) -> None:
+        self._server = server
+        self._decoder = FrameDecoder("to_engine")
+        self._transport: asyncio.Transport | None = None
+        self._greeted = False
+        self.streams: dict[int, int] = {}  # stream_id -> slot
+        self.closing_slots: set[int] = set()
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self._server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._server.connections.discard(self)
+        for slot in self.streams.values():
+            self.closing_slots.add(slot)
+            self._server.scheduler.close_stream(slot)
+        self.streams.clear()
+
+    def send(self, message: Message) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(encode(message))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self._decoder.feed(data)
+        except FramingError as exc:
+            self._protocol_error(str(exc))
+            return
+        for message in messages:
+            self._handle(message)
+
+    def _protocol_error(self, reason: str) -> None:
+        log.warning("control connection: %s", reason)
+        self.send(ProtocolError(message=reason))
+        if self._transport is not None:
+            self._transport.close()
+
+    def _handle(self, message: Message) -> None:
+        server = self._server
+        if isinstance(message, Hello):
+            if message.protocol_version != PROTOCOL_VERSION:
+                self._protocol_error(f"unsupported protocol version {message.protocol_version}")
+                return
+            self._greeted = True
+            self.send(server.welcome())
+            log.info("gateway %s attached", message.client)
+            return
+        if not self._greeted:
+            self._protocol_error("Hello expected first")
+            return
+        if isinstance(message, Ping):
+            stats = server.scheduler.stats
+            self.send(
+                Pong(
+                    seq=message.seq,
+                    active_streams=stats.active_streams,
+                    queued_utterances=stats.queued_utterances,
+                    rss_bytes=resident_memory_bytes(),
+                )
+            )
+        elif isinstance(message, OpenStream):
+            self._open(message)
+        elif isinstance(message, Speak):
+            slot = self.streams.get(message.stream_id)
+            if slot is not None:
+                server.scheduler.speak(slot, message.utterance, message.text, message.final)
+        elif isinstance(message, Cancel):
+            slot = self.streams.get(message.stream_id)
+            if slot is not None:
+                server.scheduler.cancel(slot)
+        elif isinstance(message, CloseStream):
+            slot = self.streams.pop(message.stream_id, None)
+            if slot is None:
+                self.send(StreamClosed(stream_id=message.stream_id))
+            else:
+                self.closing_slots.add(slot)
+                server.scheduler.close_stream(slot)
+        else:
+            self._protocol_error(f"unexpected message {type(message).__name__}")
+
+    def _open(self, message: OpenStream) -> None:
+        server = self._server
+
+        def reject(code: str, text: str) -> None:
+            self.send(StreamRejected(stream_id=message.stream_id, code=code, message=text))
+
+        if message.stream_id in self.streams:
+            reject("protocol_error", "stream id already open")
+            return
+        if message.sample_rate not in SUPPORTED_RATES:
+            reject("unsupported_format", f"sample rate {message.sample_rate} not supported")
+            return
+        try:
+            voice = server.backend.resolve_voice(
+                VoiceSettings(
+                    voice_id=message.voice,
+                    speed=message.speed,
+                    language=message.language,
+                    profile=message.voice_profile,
+                )
+            )
+        except BackendError as exc:
+            reject(exc.code, exc.message)
+            return
+        slot = server.pool.acquire()
+        if slot is None:
+            reject("overloaded", f"all {server.pool.size} engine slots are in use")
+            return
+        server.layout.arena.reset_slot(slot)
+        self.streams[message.stream_id] = slot
+        server.scheduler.open_stream(
+            slot=slot,
+            stream_id=message.stream_id,
+            owner=self,
+            ring=server.layout.arena.outbound(slot),
+            voice=voice,
+            sample_rate=message.sample_rate,
+        )
+        self.send(StreamOpened(stream_id=message.stream_id, slot=slot))
+
+
+class EngineServer:
+    """Owns the slot pool, the scheduler and the control socket."""
+
+    def __init__(self, backend: Backend, layout: EngineLayout) -> None:
+        self.backend = backend
+        self.layout = layout
+        self.pool = SlotPool(layout.slots)
+        self.connections: set[_Connection] = set()
+        self.scheduler = Scheduler(
+            backend, self._from_worker, max_text_chars=backend.max_text_chars
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outbox: deque[tuple[object, Message]] = deque()
+        self._relay_scheduled = False
+        self._server: asyncio.AbstractServer | None = None
+
+    def welcome(self) -> Welcome:
+        return Welcome(
+            protocol_version=PROTOCOL_VERSION,
+            engine_pid=os.getpid(),
+            backend=self.backend.name,
+            shm_name=self.layout.region.name,
+            shm_directory=self.layout.region.directory,
+            slots=self.layout.slots,
+            out_ring_bytes=self.layout.out_ring_bytes,
+            in_ring_bytes=self.layout.in_ring_bytes,
+            native_sample_rate=self.backend.native_sample_rate,
+            max_text_chars=self.backend.max_text_chars,
+            voices=tuple(self.backend.voices()),
+        )
+
+    async def start(self, socket_path: str) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.scheduler.start()
+        if os.path.exists(socket_path):
+            os.unlink(socket_path)
+        self._server = await self._loop.create_unix_server(
+            lambda: _Connection(self), path=socket_path
+        )
+        os.chmod(socket_path, 0o600)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self.scheduler.stop()
+
+    # Events come from the worker thread; they are relayed to the loop in batches.
+    def _from_worker(self, owner: object, message: Message) -> None:
+        self._outbox.append((owner, message))
+        if not self._relay_scheduled and self._loop is not None:
+            self._relay_scheduled = True
+            self._loop.call_soon_threadsafe(self._relay)
+
+    def _relay(self) -> None:
+        self._relay_scheduled = False
+        while self._outbox:
+            owner, message = self._outbox.popleft()
+            assert isinstance(owner, _Connection)
+            if isinstance(message, StreamClosed) and message.slot is not None:
+                # The worker has stopped writing to the slot: it may be reused.
+                owner.closing_slots.discard(message.slot)
+                self.pool.release(message.slot)
+            if not owner.lost:
+                owner.send(message)

@@ -1,0 +1,1 @@
+"""The aiohttp gateway: auth, sessions, wire protocols, pacing, metrics."""

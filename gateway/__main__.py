@@ -1,0 +1,147 @@
+"""``python -m gateway``: run the gateway, or mint a token.
+
+python -m gateway serve [--dev]
+python -m gateway token --sub NAME [--tenant T] [--ttl S] [--scope S ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import sys
+
+from aiohttp import web
+
+from gateway.app import RedactingAccessLogger, create_app
+from gateway.auth import AuthConfigError, mint_token
+from gateway.config import ConfigError, GatewaySettings
+
+log = logging.getLogger("gateway")
+DEV_TOKEN_TTL_S = 12 * 3600
+
+
+def _token(args: argparse.Namespace) -> int:
+    secret = os.environ.get("GATEWAY_JWT_SECRET")
+    key_path = os.environ.get("GATEWAY_JWT_PRIVATE_KEY")
+    if not secret and not key_path:
+        print(
+            "set GATEWAY_JWT_SECRET (HS256), or GATEWAY_JWT_PRIVATE_KEY with --alg "
+            "RS256/ES256, to sign a token",
+            file=sys.stderr,
+        )
+        return 2
+    private_key = None
+    if key_path:
+        with open(key_path, "rb") as f:
+            private_key = f.read()
+    try:
+        token = mint_token(
+            secret=None if private_key else secret,
+            private_key_pem=private_key,
+            algorithm=args.alg if private_key else "HS256",
+            subject=args.sub,
+            tenant=args.tenant,
+            ttl_s=args.ttl,
+            scopes=args.scope or ["tts:stream"],
+            audience=os.environ.get("GATEWAY_JWT_AUDIENCE") or None,
+            issuer=os.environ.get("GATEWAY_JWT_ISSUER") or None,
+            max_streams=args.max_streams,
+            kid=args.kid,
+        )
+    except ValueError as exc:
+        print(f"cannot sign: {exc}", file=sys.stderr)
+        return 2
+    print(token)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s gateway[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+    env = dict(os.environ)
+    dev_token = None
+    if args.dev and not env.get("GATEWAY_JWT_SECRET") and not env.get("GATEWAY_JWT_PUBLIC_KEY"):
+        env["GATEWAY_JWT_SECRET"] = secrets.token_urlsafe(48)
+        os.environ["GATEWAY_JWT_SECRET"] = env["GATEWAY_JWT_SECRET"]
+        log.warning("dev mode: generated a random GATEWAY_JWT_SECRET for this run only")
+    try:
+        settings = GatewaySettings.from_env(env)
+        app = create_app(settings)
+    except (ConfigError, AuthConfigError) as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    if args.dev and env.get("GATEWAY_JWT_SECRET"):
+        dev_token = mint_token(
+            secret=env["GATEWAY_JWT_SECRET"],
+            subject="dev",
+            tenant="dev",
+            ttl_s=DEV_TOKEN_TTL_S,
+            scopes=["tts:stream", "voices:write"],
+            audience=settings.auth.audience,
+            issuer=settings.auth.issuer,
+        )
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+    def announce(_app: web.Application) -> None:
+        base = f"http://{settings.host}:{settings.port}"
+        if dev_token:
+            print(
+                f"\n  Voice gateway is up.\n"
+                f"  Demo page : {base}/#token={dev_token}\n"
+                f"  Token     : {dev_token}\n"
+                f"  Stream    : ws://{settings.host}:{settings.port}/v1/stream "
+                f"(Authorization: Bearer <token>)\n",
+                flush=True,
+            )
+        else:
+            print(f"Voice gateway listening on {base}", flush=True)
+
+    async def on_startup(app: web.Application) -> None:
+        announce(app)
+
+    app.on_startup.append(on_startup)
+    web.run_app(
+        app,
+        host=settings.host,
+        port=settings.port,
+        access_log_class=RedactingAccessLogger,
+        print=None,
+        shutdown_timeout=5.0,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command")
+    serve = sub.add_parser("serve", help="run the gateway (default)")
+    serve.add_argument(
+        "--dev", action="store_true", help="generate a secret if none is set; print a token"
+    )
+    token = sub.add_parser("token", help="print a signed token")
+    token.add_argument("--sub", required=True, help="subject (who the token is for)")
+    token.add_argument("--tenant", default=None)
+    token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
+    token.add_argument("--scope", action="append", help="scope (repeatable); tts:stream default")
+    token.add_argument("--max-streams", type=int, default=None)
+    token.add_argument("--alg", default="RS256", help="algorithm with GATEWAY_JWT_PRIVATE_KEY")
+    token.add_argument("--kid", default=None)
+    args = parser.parse_args(argv)
+    if args.command == "token":
+        return _token(args)
+    if args.command is None:
+        args.dev = False
+    return _serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

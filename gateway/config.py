@@ -1,0 +1,65 @@
+"""Gateway settings from the environment.
+
+Fixed names (design brief): ``GATEWAY_HOST``, ``GATEWAY_PORT``, ``GATEWAY_JWT_*``,
+``GATEWAY_REDIS_URL``, ``ENGINE_BACKEND``. The rest are the gateway's own and are listed
+in README.md's configuration table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.config import ConfigError, env_int
+from gateway.auth import AuthSettings
+from gateway.session import SessionLimits
+
+WEB_DEMO_DIR = Path(__file__).resolve().parent.parent / "web-demo"
+
+__all__ = ["WEB_DEMO_DIR", "ConfigError", "GatewaySettings"]
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    auth: AuthSettings
+    host: str = "127.0.0.1"
+    port: int = 8080
+    redis_url: str | None = None
+    engine_backend: str = "espeak"
+    engine_socket: str | None = None  # attach to this engine instead of starting one
+    engine_ready_timeout_s: float = 30.0
+    engine_heartbeat_s: float = 1.0
+    engine_heartbeat_timeout_s: float = 3.0
+    engine_extra_args: tuple[str, ...] = ()
+    limits: SessionLimits = field(default_factory=SessionLimits)
+    max_message_bytes: int = 64 * 1024
+    start_timeout_s: float = 10.0
+    tick_s: float = 0.005
+    ws_heartbeat_s: float = 20.0
+    web_demo_dir: Path = WEB_DEMO_DIR
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
+        limits = SessionLimits(
+            max_text_chars=env_int(env, "GATEWAY_MAX_TEXT_CHARS", 2000, minimum=1),
+            max_queued_items=env_int(env, "GATEWAY_MAX_QUEUED", 64, minimum=1),
+            realtime_lead_s=env_int(env, "GATEWAY_REALTIME_LEAD_MS", 60, minimum=0) / 1000,
+            burst_lead_s=env_int(env, "GATEWAY_BURST_LEAD_MS", 2000, minimum=0) / 1000,
+        )
+        port = env_int(env, "GATEWAY_PORT", 8080, minimum=0)
+        if port > 65535:
+            raise ConfigError(f"GATEWAY_PORT must be at most 65535, got {port}")
+        return cls(
+            auth=AuthSettings.from_env(env),
+            host=env.get("GATEWAY_HOST") or "127.0.0.1",
+            port=port,
+            redis_url=env.get("GATEWAY_REDIS_URL") or None,
+            engine_backend=env.get("ENGINE_BACKEND") or "espeak",
+            engine_socket=env.get("ENGINE_SOCKET") or None,
+            engine_ready_timeout_s=float(env_int(env, "ENGINE_READY_TIMEOUT_S", 30, minimum=1)),
+            limits=limits,
+            max_message_bytes=env_int(env, "GATEWAY_MAX_MESSAGE_BYTES", 64 * 1024, minimum=1024),
+            start_timeout_s=float(env_int(env, "GATEWAY_START_TIMEOUT_S", 10, minimum=1)),
+            tick_s=env_int(env, "GATEWAY_TICK_MS", 5, minimum=1) / 1000,
+        )

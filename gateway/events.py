@@ -1,0 +1,59 @@
+"""Typed events a session emits toward its peer; each wire protocol encodes them.
+
+The native protocol turns them into the JSON messages of the design brief (section 3);
+telephony protocols map the ones they have (a mark, a clear) to their own messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    session_id: str
+    format: str
+    sample_rate: int
+    frame_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class UtteranceStarted:
+    utterance_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class UtteranceDone:
+    utterance_id: str
+    audio_ms: int
+    first_audio_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class MarkReached:
+    """A mark whose preceding audio was all sent (``cleared=False``) or dropped."""
+
+    name: str
+    cleared: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Cleared:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class BargeIn:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEvent:
+    code: str
+    message: str
+    utterance_id: str | None = None
+
+
+SessionEvent = (
+    Ready | UtteranceStarted | UtteranceDone | MarkReached | Cleared | BargeIn | ErrorEvent
+)

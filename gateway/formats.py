@@ -1,0 +1,104 @@
+"""Audio formats on the wire (names fixed by the design brief) and their frame codecs.
+
+Every output format is framed in 20 ms: 160 bytes of mu-law or A-law per frame, 640
+bytes of ``pcm_16000``, one Opus packet per frame. The engine produces 16-bit PCM at the
+format's sample rate; a :class:`FrameEncoder` turns exactly one frame of it into one
+WebSocket binary message. Input formats (caller audio) are decoded back to PCM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from telephony import g711
+
+FRAME_MS = 20
+
+
+class FrameEncoder(Protocol):
+    def encode(self, pcm_frame: bytes) -> bytes:
+        """Encode exactly one frame of 16-bit little-endian mono PCM."""
+        ...
+
+
+class _Pcm:
+    def encode(self, pcm_frame: bytes) -> bytes:
+        return pcm_frame
+
+
+class _Mulaw:
+    def encode(self, pcm_frame: bytes) -> bytes:
+        return g711.ulaw_encode(pcm_frame)
+
+
+class _Alaw:
+    def encode(self, pcm_frame: bytes) -> bytes:
+        return g711.alaw_encode(pcm_frame)
+
+
+def _opus_encoder(sample_rate: int) -> FrameEncoder:
+    from telephony.opus import OpusEncoder
+
+    return OpusEncoder(sample_rate, frame_ms=FRAME_MS, application="voip")
+
+
+@dataclass(frozen=True)
+class AudioFormat:
+    name: str
+    codec: str  # "mulaw" | "alaw" | "pcm" | "opus"
+    sample_rate: int
+    frame_ms: int = FRAME_MS
+
+    @property
+    def frame_samples(self) -> int:
+        return self.sample_rate * self.frame_ms // 1000
+
+    @property
+    def pcm_frame_bytes(self) -> int:
+        """Bytes of engine PCM (16-bit) that make one frame."""
+        return self.frame_samples * 2
+
+    def encoder(self) -> FrameEncoder:
+        return _ENCODERS[self.codec](self.sample_rate)
+
+    def decode_input(self, data: bytes) -> bytes:
+        """Caller audio in this format -> 16-bit little-endian PCM at ``sample_rate``."""
+        if self.codec == "mulaw":
+            return g711.ulaw_decode_bytes(data)
+        if self.codec == "alaw":
+            return g711.alaw_decode_bytes(data)
+        if self.codec == "pcm":
+            if len(data) % 2:
+                raise ValueError("16-bit PCM needs an even number of bytes")
+            return data
+        raise ValueError(f"{self.name} is not accepted as caller audio")
+
+
+_ENCODERS: dict[str, Callable[[int], FrameEncoder]] = {
+    "pcm": lambda _rate: _Pcm(),
+    "mulaw": lambda _rate: _Mulaw(),
+    "alaw": lambda _rate: _Alaw(),
+    "opus": _opus_encoder,
+}
+
+FORMATS: dict[str, AudioFormat] = {
+    f.name: f
+    for f in (
+        AudioFormat("mulaw_8000", "mulaw", 8000),
+        AudioFormat("alaw_8000", "alaw", 8000),
+        AudioFormat("pcm_8000", "pcm", 8000),
+        AudioFormat("pcm_16000", "pcm", 16000),
+        AudioFormat("pcm_24000", "pcm", 24000),
+        AudioFormat("pcm_48000", "pcm", 48000),
+        AudioFormat("opus_48000", "opus", 48000),
+        AudioFormat("opus_24000", "opus", 24000),
+        AudioFormat("opus_16000", "opus", 16000),
+    )
+}
+INPUT_FORMATS = frozenset(name for name, f in FORMATS.items() if f.codec != "opus")
+
+
+def get_format(name: str) -> AudioFormat | None:
+    return FORMATS.get(name)

@@ -1,0 +1,93 @@
+"""Prometheus metrics of one gateway worker, in a registry of its own.
+
+Names are prefixed ``gateway_``; help text on every metric. A registry per application
+(rather than the global default) keeps several gateways in one process (tests) apart.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.5,
+    5.0,
+)
+FINE_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.sessions_active = Gauge(
+            "gateway_sessions_active",
+            "Sessions currently open, by protocol.",
+            ["protocol"],
+            registry=r,
+        )
+        self.sessions_total = Counter(
+            "gateway_sessions_total",
+            "Sessions accepted since start, by protocol.",
+            ["protocol"],
+            registry=r,
+        )
+        self.first_audio = Histogram(
+            "gateway_first_audio_seconds",
+            "Time from an utterance's text (or from reaching the head of the queue) "
+            "to its first audio frame on the wire.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.gateway_latency = Histogram(
+            "gateway_added_latency_seconds",
+            "Time from the engine reporting an utterance's first audio in the ring to "
+            "its first frame on the wire.",
+            buckets=FINE_BUCKETS,
+            registry=r,
+        )
+        self.frames_sent = Counter(
+            "gateway_frames_sent_total", "Audio frames sent to peers.", registry=r
+        )
+        self.underruns = Counter(
+            "gateway_underruns_total",
+            "Times a playing stream had no audio when its next frame was due.",
+            registry=r,
+        )
+        self.errors = Counter(
+            "gateway_errors_total",
+            "Errors reported to peers, by error code.",
+            ["code"],
+            registry=r,
+        )
+        self.auth_failures = Counter(
+            "gateway_auth_failures_total",
+            "Rejected credentials, by reason.",
+            ["code"],
+            registry=r,
+        )
+        self.engine_ready = Gauge(
+            "gateway_engine_ready", "1 when the engine is connected and healthy.", registry=r
+        )
+        self.engine_restarts = Counter(
+            "gateway_engine_restarts_total", "Engine restarts after a crash or hang.", registry=r
+        )
+        self.pacer_lag = Histogram(
+            "gateway_pacer_tick_lag_seconds",
+            "How late the pacing clock's ticks fire.",
+            buckets=FINE_BUCKETS,
+            registry=r,
+        )

@@ -1,0 +1,361 @@
+"""The native protocol v1, ``GET /v1/stream`` (design brief, section 3).
+
+Two layers in this file:
+
+- the wire codec, sans-I/O: :func:`decode_client_message` turns one text frame into a
+  typed message or raises :class:`ProtocolViolation` with the exact error code;
+  :func:`encode_event` turns a session event into the JSON text the peer receives;
+- :class:`NativeConnection`, the thin asyncio layer: authenticate, upgrade, feed frames
+  to the codec and the session, close with the right code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Literal
+
+import msgspec
+from aiohttp import WSMsgType, web
+
+from gateway.auth import AuthError, Principal
+from gateway.errors import CloseCode, ProtocolViolation, SessionError
+from gateway.events import (
+    BargeIn,
+    Cleared,
+    ErrorEvent,
+    MarkReached,
+    Ready,
+    SessionEvent,
+    UtteranceDone,
+    UtteranceStarted,
+)
+from gateway.formats import FORMATS, INPUT_FORMATS
+from gateway.session import Session, StartOptions
+from gateway.state import STATE_KEY, GatewayState
+from gateway.wsframe import FrameWriter
+
+log = logging.getLogger(__name__)
+SCOPE = "tts:stream"
+MAX_NAME_CHARS = 256
+
+
+# --- wire codec (sans-I/O) ----------------------------------------------------------------
+
+
+class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=False):
+    pass
+
+
+class StartMsg(_Msg, tag="start"):
+    voice: str
+    format: str | None = None
+    language: str | None = None
+    speed: float = 1.0
+    pacing: Literal["realtime", "burst"] = "realtime"
+    input_format: str | None = None
+    barge_in: bool | None = None
+
+
+class SpeakMsg(_Msg, tag="speak"):
+    text: str
+    utterance_id: str | None = None
+    flush: bool = True
+
+
+class FlushMsg(_Msg, tag="flush"):
+    utterance_id: str | None = None
+
+
+class ClearMsg(_Msg, tag="clear"):
+    pass
+
+
+class MarkMsg(_Msg, tag="mark"):
+    name: str
+
+
+class CloseMsg(_Msg, tag="close"):
+    pass
+
+
+ClientMessage = StartMsg | SpeakMsg | FlushMsg | ClearMsg | MarkMsg | CloseMsg
+_BY_TYPE: dict[str, type[ClientMessage]] = {
+    "start": StartMsg,
+    "speak": SpeakMsg,
+    "flush": FlushMsg,
+    "clear": ClearMsg,
+    "mark": MarkMsg,
+    "close": CloseMsg,
+}
+_json_encoder = msgspec.json.Encoder()
+
+
+def decode_client_message(data: str | bytes) -> ClientMessage:
+    """Decode one client text frame.
+
+    Raises :class:`ProtocolViolation` with code ``invalid_json`` (not JSON or not an
+    object), ``unknown_type`` (missing or unknown ``type``) or ``invalid_message``
+    (a field is missing or has the wrong type or range).
+    """
+    try:
+        obj = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        raise ProtocolViolation("invalid_json", "message is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise ProtocolViolation("invalid_json", "message must be a JSON object")
+    kind = obj.get("type")
+    cls = _BY_TYPE.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolViolation("unknown_type", "missing or unknown message type")
+    try:
+        message = msgspec.convert(obj, cls)
+    except msgspec.ValidationError as exc:
+        raise ProtocolViolation("invalid_message", f"{kind}: {exc}") from None
+    _check_ranges(message)
+    return message
+
+
+def _check_ranges(message: ClientMessage) -> None:
+    if isinstance(message, StartMsg) and not 0.25 <= message.speed <= 4.0:
+        raise ProtocolViolation("invalid_message", "start: speed must be between 0.25 and 4")
+    if isinstance(message, MarkMsg) and not 0 < len(message.name) <= MAX_NAME_CHARS:
+        raise ProtocolViolation("invalid_message", "mark: name must be 1 to 256 characters")
+    utterance_id = getattr(message, "utterance_id", None)
+    if utterance_id is not None and not 0 < len(utterance_id) <= MAX_NAME_CHARS:
+        raise ProtocolViolation("invalid_message", "utterance_id must be 1 to 256 characters")
+
+
+def encode_event(event: SessionEvent) -> str:
+    """The JSON text of ``event`` (design brief, section 3, server to client)."""
+    body: dict[str, object]
+    if isinstance(event, Ready):
+        body = {
+            "type": "ready",
+            "session_id": event.session_id,
+            "format": event.format,
+            "sample_rate": event.sample_rate,
+            "frame_ms": event.frame_ms,
+        }
+    elif isinstance(event, UtteranceStarted):
+        body = {"type": "utterance_started", "utterance_id": event.utterance_id}
+    elif isinstance(event, UtteranceDone):
+        body = {
+            "type": "utterance_done",
+            "utterance_id": event.utterance_id,
+            "audio_ms": event.audio_ms,
+            "first_audio_ms": event.first_audio_ms,
+        }
+    elif isinstance(event, MarkReached):
+        body = {"type": "mark", "name": event.name, "cleared": event.cleared}
+    elif isinstance(event, Cleared):
+        body = {"type": "cleared"}
+    elif isinstance(event, BargeIn):
+        body = {"type": "barge_in"}
+    elif isinstance(event, ErrorEvent):
+        body = {"type": "error", "code": event.code, "message": event.message}
+        if event.utterance_id is not None:
+            body["utterance_id"] = event.utterance_id
+    else:  # pragma: no cover - exhaustive
+        raise TypeError(f"no wire form for {event!r}")
+    return _json_encoder.encode(body).decode()
+
+
+def start_options(message: StartMsg, state: GatewayState) -> StartOptions:
+    """Validate ``start``; raises a fatal :class:`SessionError` for what cannot start."""
+    if message.format is None:
+        raise ProtocolViolation("invalid_message", "start: format is required", CloseCode.POLICY)
+    fmt = FORMATS.get(message.format)
+    if fmt is None:
+        raise SessionError(
+            "unsupported_format", f"unknown format {message.format!r}", CloseCode.POLICY
+        )
+    input_fmt = None
+    if message.input_format is not None:
+        if message.input_format not in INPUT_FORMATS:
+            raise SessionError(
+                "unsupported_format",
+                f"unknown input_format {message.input_format!r}",
+                CloseCode.POLICY,
+            )
+        input_fmt = FORMATS[message.input_format]
+    voices = state.voice_ids()
+    if voices and message.voice not in voices:
+        raise SessionError("unknown_voice", f"unknown voice {message.voice!r}", CloseCode.POLICY)
+    return StartOptions(
+        voice=message.voice,
+        format=fmt,
+        language=message.language,
+        speed=message.speed,
+        pacing=message.pacing,
+        input_format=input_fmt,
+        barge_in=bool(message.barge_in),
+    )
+
+
+# --- asyncio layer ------------------------------------------------------------------------
+
+
+class NativeConnection:
+    """One ``/v1/stream`` WebSocket; the :class:`gateway.session.Peer` of its session."""
+
+    protocol = "native"
+
+    def __init__(
+        self, ws: web.WebSocketResponse, writer: FrameWriter, state: GatewayState, who: Principal
+    ) -> None:
+        self._ws = ws
+        self._writer = writer
+        self._state = state
+        self._principal = who
+        self.session = Session(
+            peer=self,
+            engine=state.engine_client,
+            pacer=state.pacer,
+            metrics=state.metrics,
+            limits=state.session_limits(),
+            protocol=self.protocol,
+            tenant=who.tenant,
+        )
+
+    # Peer
+    def send_audio(self, frame: bytes) -> None:
+        self._writer.send_binary(frame)
+
+    def send_event(self, event: SessionEvent) -> None:
+        self._writer.send_text(encode_event(event))
+
+    def backlogged(self) -> bool:
+        return self._writer.backlogged()
+
+    async def run(self) -> None:
+        session = self.session
+        metrics = self._state.metrics
+        metrics.sessions_active.labels(protocol=self.protocol).inc()
+        metrics.sessions_total.labels(protocol=self.protocol).inc()
+        receiver = asyncio.create_task(self._receive(), name=f"recv-{session.id}")
+        try:
+            waits: list[asyncio.Future[Any]] = [receiver, session.done]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if session.done.done():
+                code, reason = session.done.result()
+                await self._ws.close(code=code, message=reason.encode()[:120])
+        finally:
+            receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await receiver
+            self._writer.closed = True
+            await session.aclose("socket closed")
+            metrics.sessions_active.labels(protocol=self.protocol).dec()
+
+    async def _receive(self) -> None:
+        session = self.session
+        ws = self._ws
+        timeout = self._state.settings.start_timeout_s
+        try:
+            while True:
+                try:
+                    msg = await ws.receive(timeout=None if session.started else timeout)
+                except TimeoutError:
+                    if not session.started:
+                        session.fail(
+                            SessionError("start_timeout", "no start message", CloseCode.POLICY)
+                        )
+                        return
+                    continue
+                if msg.type is WSMsgType.TEXT:
+                    await self._on_text(msg.data)
+                elif msg.type is WSMsgType.BINARY:
+                    self._on_binary(msg.data)
+                elif msg.type is WSMsgType.ERROR:
+                    code = ws.close_code
+                    if code == CloseCode.TOO_BIG:
+                        metrics = self._state.metrics
+                        metrics.errors.labels(code="message_too_big").inc()
+                        log.info("session %s: message over the size limit", session.id)
+                    else:
+                        log.info("session %s: websocket error %r", session.id, msg.data)
+                    return
+                else:  # CLOSE, CLOSING, CLOSED
+                    return
+                if session.done.done():
+                    return
+        except SessionError as exc:
+            session.fail(exc)
+
+    async def _on_text(self, data: str) -> None:
+        session = self.session
+        try:
+            message = decode_client_message(data)
+            await self._dispatch(message)
+        except SessionError as exc:
+            if not session.started and exc.close_code is None:
+                exc.close_code = CloseCode.POLICY  # nothing valid before start
+            log.info("session %s: %s (%s)", session.id, exc.code, exc.message)
+            session.fail(exc)
+
+    async def _dispatch(self, message: ClientMessage) -> None:
+        session = self.session
+        if isinstance(message, StartMsg):
+            if session.state.value != "awaiting_start":
+                raise ProtocolViolation("already_started", "start was already received")
+            await session.start(start_options(message, self._state))
+        elif not session.started and not isinstance(message, CloseMsg):
+            raise ProtocolViolation("not_started", "send start first", CloseCode.POLICY)
+        elif isinstance(message, SpeakMsg):
+            session.speak(message.text, message.utterance_id, flush=message.flush)
+        elif isinstance(message, FlushMsg):
+            session.flush(message.utterance_id)
+        elif isinstance(message, ClearMsg):
+            await session.clear()
+        elif isinstance(message, MarkMsg):
+            session.mark(message.name)
+        elif isinstance(message, CloseMsg):
+            session.request_close()
+
+    def _on_binary(self, data: bytes) -> None:
+        session = self.session
+        if not session.started:
+            session.fail(ProtocolViolation("not_started", "binary before start", CloseCode.POLICY))
+            return
+        options = session.options
+        if options is None or options.input_format is None:
+            session.fail(ProtocolViolation("unexpected_binary", "this session has no input_format"))
+            return
+        # Caller audio: the duplex path is built by the telephony issue.
+
+
+async def handle_stream(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    settings = state.settings
+    ws = web.WebSocketResponse(
+        max_msg_size=settings.max_message_bytes,
+        compress=False,
+        heartbeat=settings.ws_heartbeat_s,
+        autoping=True,
+    )
+    if not ws.can_prepare(request).ok:
+        return web.json_response(
+            {"error": {"code": "websocket_required", "message": "connect with a WebSocket"}},
+            status=426,
+        )
+    principal: Principal | None = None
+    auth_error: AuthError | None = None
+    try:
+        principal = state.authenticate(request, SCOPE)
+    except AuthError as exc:
+        auth_error = exc
+    await ws.prepare(request)
+    transport = request.transport
+    if transport is None:
+        return ws
+    writer = FrameWriter(transport)
+    if auth_error is not None or principal is None:
+        assert auth_error is not None
+        writer.send_text(encode_event(ErrorEvent(auth_error.code, auth_error.message)))
+        state.metrics.errors.labels(code=auth_error.code).inc()
+        await ws.close(code=CloseCode.POLICY, message=auth_error.code.encode())
+        return ws
+    await NativeConnection(ws, writer, state, principal).run()
+    return ws

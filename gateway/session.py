@@ -1,0 +1,412 @@
+"""One TTS session: the state machine between a wire protocol and an engine stream.
+
+A :class:`Session` is protocol-neutral. A wire protocol (``gateway/protocols/*``)
+decodes peer messages into calls on it (``start``, ``speak``, ``flush``, ``clear``,
+``mark``, ``request_close``) and receives audio frames and typed events back through
+its :class:`Peer`. The per-worker :class:`gateway.pacer.Pacer` calls :meth:`Session.pump`
+to put frames on the wire by absolute deadline.
+
+States (the only legal moves are in ``_TRANSITIONS``; each move is logged)::
+
+    AWAITING_START --start--> STARTING --engine stream open--> ACTIVE
+    ACTIVE --close requested--> DRAINING --queue played out--> CLOSED
+    any --error / peer gone / engine lost--> CLOSED
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from engine.client import EngineClient, EngineRejected, EngineStream, EngineUnavailable
+from engine.schema import UtteranceAudio, UtteranceEnd, UtteranceFailed
+from gateway.errors import CloseCode, SessionError
+from gateway.events import Cleared, ErrorEvent, Ready, SessionEvent
+from gateway.formats import AudioFormat, FrameEncoder
+from gateway.metrics import GatewayMetrics
+from gateway.playback import FrameStatus, Playback
+
+log = logging.getLogger(__name__)
+
+Pacing = Literal["realtime", "burst"]
+
+
+class SessionState(enum.Enum):
+    AWAITING_START = "awaiting_start"
+    STARTING = "starting"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+_TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
+    SessionState.AWAITING_START: frozenset({SessionState.STARTING, SessionState.CLOSED}),
+    SessionState.STARTING: frozenset({SessionState.ACTIVE, SessionState.CLOSED}),
+    SessionState.ACTIVE: frozenset({SessionState.DRAINING, SessionState.CLOSED}),
+    SessionState.DRAINING: frozenset({SessionState.CLOSED}),
+    SessionState.CLOSED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A bug: the session was driven into a state it cannot reach from where it is."""
+
+
+class Peer(Protocol):
+    """What a wire protocol gives the session to talk to its peer. Never blocks."""
+
+    def send_audio(self, frame: bytes) -> None: ...
+    def send_event(self, event: SessionEvent) -> None: ...
+    def backlogged(self) -> bool: ...
+
+
+class PacerHandle(Protocol):
+    def wake(self, session: Session) -> None: ...
+    def discard(self, session: Session) -> None: ...
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    max_text_chars: int = 2000
+    max_queued_items: int = 64
+    realtime_lead_s: float = 0.060
+    burst_lead_s: float = 2.0
+    cancel_timeout_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class StartOptions:
+    voice: str
+    format: AudioFormat
+    language: str | None = None
+    speed: float = 1.0
+    pacing: Pacing = "realtime"
+    input_format: AudioFormat | None = None
+    barge_in: bool = False
+
+
+@dataclass
+class _OpenUtterance:
+    seq: int
+    utterance_id: str
+    chars: int
+
+
+class Session:
+    def __init__(
+        self,
+        *,
+        peer: Peer,
+        engine: Callable[[], EngineClient],
+        pacer: PacerHandle,
+        metrics: GatewayMetrics,
+        limits: SessionLimits,
+        protocol: str = "native",
+        tenant: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.id = uuid.uuid4().hex[:16]
+        self.state = SessionState.AWAITING_START
+        self.protocol = protocol
+        self.tenant = tenant
+        self._peer = peer
+        self._engine = engine
+        self._pacer = pacer
+        self._metrics = metrics
+        self._limits = limits
+        self._clock = clock
+        self.options: StartOptions | None = None
+        self.stream: EngineStream | None = None
+        self.playback: Playback | None = None
+        self._encoder: FrameEncoder | None = None
+        self._lead_s = limits.realtime_lead_s
+        self._frame_s = 0.02
+        self._next_deadline = 0.0
+        self._starving = False
+        self._seq = itertools.count(1)
+        self._auto_ids = itertools.count(1)
+        self._open: _OpenUtterance | None = None
+        self._known_ids: set[str] = set()
+        self.frames_sent = 0
+        self.underruns = 0
+        # Resolved with (close code, reason) when the session wants its socket closed.
+        self.done: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+
+    # --- state ------------------------------------------------------------------------
+
+    def _transition(self, new: SessionState, reason: str = "") -> None:
+        if new not in _TRANSITIONS[self.state]:
+            raise IllegalTransition(f"session {self.id}: {self.state.value} -> {new.value}")
+        log.info(
+            "session %s %s -> %s%s",
+            self.id,
+            self.state.value,
+            new.value,
+            f" ({reason})" if reason else "",
+        )
+        self.state = new
+
+    @property
+    def started(self) -> bool:
+        return self.state in (SessionState.ACTIVE, SessionState.DRAINING)
+
+    def finish(self, code: int, reason: str) -> None:
+        """Ask the protocol layer to close the socket with ``code``; idempotent."""
+        if not self.done.done():
+            self.done.set_result((code, reason))
+
+    def fail(self, error: SessionError) -> None:
+        """Report ``error`` to the peer and, if it is fatal, end the session."""
+        self._metrics.errors.labels(code=error.code).inc()
+        self._peer.send_event(ErrorEvent(error.code, error.message, error.utterance_id))
+        if error.close_code is not None:
+            self.finish(error.close_code, error.code)
+
+    # --- commands from the peer -----------------------------------------------------------
+
+    async def start(self, options: StartOptions) -> None:
+        """Open the engine stream and answer ``ready``; raises :class:`SessionError`."""
+        if self.state is not SessionState.AWAITING_START:
+            raise SessionError("already_started", "start was already received")
+        self._transition(
+            SessionState.STARTING, f"voice={options.voice} format={options.format.name}"
+        )
+        try:
+            client = self._engine()
+            self.stream = await client.open_stream(
+                voice=options.voice,
+                sample_rate=options.format.sample_rate,
+                speed=options.speed,
+                language=options.language,
+                listener=self,
+            )
+        except EngineRejected as exc:
+            self._transition(SessionState.CLOSED, exc.code)
+            if exc.code == "overloaded":
+                raise SessionError("overloaded", exc.message, CloseCode.TRY_AGAIN_LATER) from None
+            raise SessionError(exc.code, exc.message, CloseCode.POLICY) from None
+        except EngineUnavailable:
+            self._transition(SessionState.CLOSED, "engine unavailable")
+            raise SessionError(
+                "engine_unavailable", "the TTS engine is not available", CloseCode.TRY_AGAIN_LATER
+            ) from None
+        self.options = options
+        fmt = options.format
+        self._encoder = fmt.encoder()
+        self._frame_s = fmt.frame_ms / 1000
+        self._lead_s = (
+            self._limits.realtime_lead_s
+            if options.pacing == "realtime"
+            else self._limits.burst_lead_s
+        )
+        self.playback = Playback(
+            sample_rate=fmt.sample_rate,
+            frame_bytes=fmt.pcm_frame_bytes,
+            max_items=self._limits.max_queued_items,
+        )
+        self._transition(SessionState.ACTIVE)
+        self._peer.send_event(Ready(self.id, fmt.name, fmt.sample_rate, fmt.frame_ms))
+
+    def _require_active(self) -> tuple[EngineStream, Playback]:
+        if self.state is SessionState.DRAINING:
+            raise SessionError("closing", "the session is closing")
+        if self.state is not SessionState.ACTIVE or self.stream is None or self.playback is None:
+            raise SessionError("not_started", "send start first", CloseCode.POLICY)
+        return self.stream, self.playback
+
+    def speak(self, text: str, utterance_id: str | None = None, *, flush: bool = True) -> str:
+        """Queue ``text``. Continues the open utterance when ids match (or none is given).
+
+        Returns the utterance id. Raises :class:`SessionError` (``text_too_long``,
+        ``queue_full``, ``invalid_message``).
+        """
+        stream, playback = self._require_active()
+        current = self._open
+        if current is not None and utterance_id in (None, current.utterance_id):
+            target = current
+        else:
+            if current is not None:  # a new utterance implicitly ends the open one
+                self._finalize_open()
+            if playback.full:
+                raise SessionError("queue_full", "too many queued utterances", None, utterance_id)
+            if utterance_id is None:
+                utterance_id = f"u{next(self._auto_ids)}"
+            elif (
+                utterance_id in self._known_ids and utterance_id in playback.pending_utterance_ids()
+            ):
+                raise SessionError(
+                    "invalid_message", "utterance_id is already queued", None, utterance_id
+                )
+            target = _OpenUtterance(next(self._seq), utterance_id, 0)
+            self._known_ids.add(utterance_id)
+            playback.enqueue_utterance(target.seq, utterance_id, self._clock())
+        if target.chars + len(text) > self._limits.max_text_chars:
+            # What was already accepted is still spoken; the excess is refused.
+            self._open = target
+            self._finalize_open()
+            raise SessionError(
+                "text_too_long",
+                f"utterance text over {self._limits.max_text_chars} characters",
+                None,
+                target.utterance_id,
+            )
+        target.chars += len(text)
+        stream.speak(target.seq, text, final=flush)
+        self._open = None if flush else target
+        return target.utterance_id
+
+    def flush(self, utterance_id: str | None = None) -> None:
+        self._require_active()
+        if self._open is not None and utterance_id in (None, self._open.utterance_id):
+            self._finalize_open()
+
+    def _finalize_open(self) -> None:
+        if self._open is not None and self.stream is not None:
+            self.stream.speak(self._open.seq, "", final=True)
+        self._open = None
+
+    def mark(self, name: str) -> None:
+        _, playback = self._require_active()
+        if playback.full:
+            raise SessionError("queue_full", "too many queued items")
+        playback.enqueue_mark(name)
+        self._pacer.wake(self)
+
+    async def clear(self) -> None:
+        """Barge-in: stop audio now, drop everything queued, cancel the engine's work."""
+        stream, playback = self._require_active()
+        self._open = None
+        for event in playback.clear():
+            self._peer.send_event(event)
+        self._peer.send_event(Cleared())
+        self._starving = False
+        try:
+            write_pos = await stream.cancel(self._limits.cancel_timeout_s)
+        except EngineUnavailable:
+            playback.cancel_failed()
+            return  # on_engine_lost ends the session
+        playback.on_cancelled(stream.outbound, write_pos)
+        self._pacer.wake(self)
+
+    def request_close(self) -> None:
+        """``close``: finish what is queued, then close normally."""
+        if self.state is SessionState.ACTIVE:
+            self._finalize_open()
+            self._transition(SessionState.DRAINING, "close requested")
+            self._pacer.wake(self)
+        elif self.state is SessionState.AWAITING_START:
+            self.finish(CloseCode.NORMAL, "closed before start")
+
+    # --- pacing -----------------------------------------------------------------------
+
+    def pump(self, now: float) -> int:
+        """Send every frame due by ``now`` + lead; returns the number of frames sent.
+
+        Deadlines are absolute: frame k of a run is due at ``base + k * frame``. After a
+        gap (idle, waiting for first audio, an underrun) the clock is re-based to now, so
+        a late stream never bursts to catch up beyond the lead.
+        """
+        stream, playback, encoder = self.stream, self.playback, self._encoder
+        if stream is None or playback is None or encoder is None or not self.started:
+            return 0
+        if self._peer.backlogged():
+            return 0
+        sent = 0
+        horizon = now + self._lead_s
+        peer = self._peer
+        while self._next_deadline <= horizon:
+            result = playback.next_frame(stream.outbound, now)
+            for event in result.before:
+                peer.send_event(event)
+            if result.frame is None:
+                starved = result.status is FrameStatus.STARVED and self._next_deadline <= now
+                if starved and not self._starving:
+                    self._starving = True
+                    self.underruns += 1
+                    self._metrics.underruns.inc()
+                break
+            if self._next_deadline < now:
+                self._next_deadline = now
+            peer.send_audio(encoder.encode(result.frame))
+            self._next_deadline += self._frame_s
+            self._starving = False
+            sent += 1
+            for event in result.after:
+                peer.send_event(event)
+        if playback.finished:
+            self._record_finished(playback)
+        if self.state is SessionState.DRAINING and playback.idle:
+            self.finish(CloseCode.NORMAL, "done")
+        self.frames_sent += sent
+        return sent
+
+    @property
+    def has_work(self) -> bool:
+        return self.playback is not None and not self.playback.idle
+
+    def _record_finished(self, playback: Playback) -> None:
+        for item in playback.finished:
+            if item.first_frame_at is not None:
+                since = max(item.requested_at, item.head_at or item.requested_at)
+                self._metrics.first_audio.observe(item.first_frame_at - since)
+                if item.audio_ready_at is not None:
+                    self._metrics.gateway_latency.observe(
+                        max(0.0, item.first_frame_at - item.audio_ready_at)
+                    )
+        playback.finished.clear()
+
+    # --- engine events (StreamListener) -------------------------------------------------
+
+    def on_utterance_audio(self, event: UtteranceAudio) -> None:
+        if self.playback is not None:
+            self.playback.on_audio(event.utterance, event.start_pos, self._clock())
+            self._pacer.wake(self)
+
+    def on_utterance_end(self, event: UtteranceEnd) -> None:
+        if self.playback is not None:
+            self.playback.on_end(event.utterance, event.start_pos, event.end_pos, event.samples)
+            self._pacer.wake(self)
+
+    def on_utterance_failed(self, event: UtteranceFailed) -> None:
+        if self.playback is not None:
+            self._metrics.errors.labels(code=event.code).inc()
+            self.playback.on_failed(
+                event.utterance, event.code, event.message, event.start_pos, event.end_pos
+            )
+            self._pacer.wake(self)
+
+    def on_engine_lost(self) -> None:
+        if self.state is SessionState.CLOSED:
+            return
+        self.fail(
+            SessionError(
+                "engine_unavailable",
+                "the TTS engine stopped; reconnect to continue",
+                CloseCode.INTERNAL_ERROR,
+            )
+        )
+
+    # --- teardown ---------------------------------------------------------------------
+
+    async def aclose(self, reason: str = "") -> None:
+        """Release everything; safe to call more than once."""
+        self._pacer.discard(self)
+        if self.state is not SessionState.CLOSED:
+            self._transition(SessionState.CLOSED, reason)
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            with contextlib.suppress(EngineUnavailable):
+                await stream.close()
+        if self.playback is not None:
+            self._record_finished(self.playback)
+        log.info(
+            "session %s ended: frames=%d underruns=%d", self.id, self.frames_sent, self.underruns
+        )

@@ -1,0 +1,1 @@
+"""Telephony media: G.711, Opus, Ogg, resampling. Nothing here knows about HTTP."""
