@@ -9,6 +9,10 @@ Back-pressure: audio goes into the stream's outbound ring. When the ring is full
 rest of the segment waits in the stream's ``pending`` buffer, and the stream gets no new
 turn until ``pending`` has drained: a full ring never overwrites unread audio.
 
+Debugging: with ``ENGINE_PCM_TAP_DIR`` set, every stream's PCM (exactly the bytes put
+into its ring, cancelled audio included) is also written to a file there, to hear what a
+caller heard.
+
 Thread contract: the public methods (``open_stream``, ``speak``, ``cancel``,
 ``close_stream``, ``stop``) are called from the server's event-loop thread and only
 enqueue commands; everything else runs on the worker thread. Events go out through the
@@ -18,12 +22,14 @@ enqueue commands; everything else runs on the worker thread. Events go out throu
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from engine.backends.base import Backend, BackendError, PcmChunk
 from engine.ring import SpscRing
@@ -71,6 +77,7 @@ class _Stream:
     pending: bytearray = field(default_factory=bytearray)
     # Bumped (from the loop thread) on cancel/close so in-flight synthesis stops at once.
     generation: int = 0
+    tap: BinaryIO | None = None  # debug copy of everything written (ENGINE_PCM_TAP_DIR)
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,15 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, backend: Backend, on_event: EventSink, *, max_text_chars: int) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        on_event: EventSink,
+        *,
+        max_text_chars: int,
+        tap_directory: str | None = None,
+    ) -> None:
+        self._tap_directory = tap_directory
         self._backend = backend
         self._on_event = on_event
         self._max_text_chars = max_text_chars
@@ -139,6 +154,9 @@ class Scheduler:
     ) -> None:
         resampler = StreamingResampler(self._backend.native_sample_rate, sample_rate)
         stream = _Stream(slot, stream_id, owner, ring, voice, resampler)
+        if self._tap_directory:
+            name = f"{time.time_ns()}-slot{slot}-stream{stream_id}-{sample_rate}hz.pcm"
+            stream.tap = open(os.path.join(self._tap_directory, name), "wb")  # noqa: SIM115
         self._generations[slot] = 0
         self._commands.put(_Open(stream))
 
@@ -223,6 +241,8 @@ class Scheduler:
         stream.generation = self._generations.get(stream.slot, 0)
         if command.close:
             del self._streams[stream.slot]
+            if stream.tap is not None:
+                stream.tap.close()
             self._order.remove(stream.slot)
             self._on_event(stream.owner, StreamClosed(stream_id=stream.stream_id, slot=stream.slot))
         else:
@@ -270,6 +290,8 @@ class Scheduler:
         if utterance.start_pos is None:
             utterance.start_pos = stream.ring.write_pos + len(stream.pending)
         utterance.samples += len(pcm) // 2
+        if stream.tap is not None:
+            stream.tap.write(pcm)
         self.stats.audio_samples += len(pcm) // 2
         if stream.pending:
             stream.pending += pcm

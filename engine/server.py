@@ -212,7 +212,10 @@ class EngineServer:
         self.pool = SlotPool(layout.slots)
         self.connections: set[_Connection] = set()
         self.scheduler = Scheduler(
-            backend, self._from_worker, max_text_chars=backend.max_text_chars
+            backend,
+            self._from_worker,
+            max_text_chars=backend.max_text_chars,
+            tap_directory=os.environ.get("ENGINE_PCM_TAP_DIR") or None,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outbox: deque[tuple[object, Message]] = deque()

@@ -93,7 +93,8 @@ class EngineSupervisor:
 
     @property
     def ready(self) -> bool:
-        return self.state is EngineState.READY and self.client is not None
+        client = self.client
+        return self.state is EngineState.READY and client is not None and not client.lost
 
     def _transition(self, new: EngineState, reason: str) -> None:
         if new not in _TRANSITIONS[self.state]:

@@ -70,8 +70,15 @@ async def healthz(_request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    ready = state.supervisor.ready
-    body = {"ready": ready, "engine": state.supervisor.state.value}
+    supervisor = state.supervisor
+    ready = supervisor.ready
+    client = supervisor.client
+    body = {
+        "ready": ready,
+        "engine": supervisor.state.value,
+        "engine_pid": client.welcome.engine_pid if ready and client and client.welcome else None,
+        "engine_restarts": supervisor.restarts,
+    }
     return web.json_response(body, status=200 if ready else 503)
 
 

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import GatewayProcess, NativeClient
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """A real gateway with its real espeak engine, shared by a test module."""
+    log = tmp_path_factory.mktemp("gateway") / "gateway.log"
+    gw = GatewayProcess(log)
+    gw.start()
+    yield gw
+    gw.stop()
+
+
+Connect = Callable[..., Awaitable[NativeClient]]
+
+
+@pytest.fixture
+async def connect(gateway: GatewayProcess) -> AsyncIterator[Connect]:
+    clients: list[NativeClient] = []
+
+    async def _connect(token: str | None = "", *, query_token: bool = False) -> NativeClient:
+        tok = gateway.token() if token == "" else token
+        client = await NativeClient.connect(gateway.ws_url, tok, query_token=query_token)
+        clients.append(client)
+        return client
+
+    yield _connect
+    for client in clients:
+        await client.aclose()

@@ -1,0 +1,204 @@
+"""Test harness: a real gateway (and its real engine) in a subprocess, and a real client.
+
+:class:`GatewayProcess` runs ``python -m gateway serve`` on a free port with its own
+secret and waits for ``/readyz``. :class:`NativeClient` speaks the native protocol over a
+real WebSocket and records every frame and event with its arrival time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gateway.auth import mint_token
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "integration-test-secret-0123456789-abcdefghijkl"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class GatewayProcess:
+    def __init__(self, log_path: Path, **env: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/stream"
+        self.log_path = log_path
+        self.env = {
+            **os.environ,
+            "GATEWAY_HOST": "127.0.0.1",
+            "GATEWAY_PORT": str(self.port),
+            "GATEWAY_JWT_SECRET": SECRET,
+            "LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        self.env.pop("GATEWAY_JWT_PUBLIC_KEY", None)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self.wait_ready(timeout)
+
+    def readyz(self) -> tuple[int, dict[str, Any]]:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.base + "/readyz", timeout=2) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def wait_ready(self, timeout: float = 30.0) -> float:
+        """Seconds until ``/readyz`` answered 200."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.proc.returncode}: {self.log_tail()}")
+            with contextlib.suppress(OSError):
+                if self.readyz()[0] == 200:
+                    return time.monotonic() - start
+            time.sleep(0.05)
+        raise TimeoutError(f"gateway not ready within {timeout}s: {self.log_tail()}")
+
+    def engine_pid(self) -> int:
+        return int(self.readyz()[1]["engine_pid"])
+
+    def token(self, **kw: Any) -> str:
+        kw.setdefault("subject", "test")
+        return mint_token(secret=SECRET, **kw)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        with contextlib.suppress(Exception):
+            self._log.close()
+
+
+@dataclass
+class Received:
+    frames: list[tuple[float, bytes]] = field(default_factory=list)
+    events: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [e for _, e in self.events if e.get("type") == kind]
+
+    def types(self) -> list[str]:
+        return [str(e.get("type")) for _, e in self.events]
+
+
+class NativeClient:
+    """A native-protocol client that records everything it receives."""
+
+    def __init__(self, session: aiohttp.ClientSession, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.http = session
+        self.ws = ws
+        self.got = Received()
+        self._changed = asyncio.Event()
+        self._reader = asyncio.create_task(self._read())
+        self.closed = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    async def connect(
+        cls, url: str, token: str | None, *, query_token: bool = False
+    ) -> NativeClient:
+        http = aiohttp.ClientSession()
+        headers = {}
+        if token is not None and not query_token:
+            headers["Authorization"] = f"Bearer {token}"
+        if token is not None and query_token:
+            url = f"{url}?access_token={token}"
+        ws = await http.ws_connect(url, headers=headers, max_msg_size=1 << 20)
+        return cls(http, ws)
+
+    async def _read(self) -> None:
+        try:
+            async for msg in self.ws:
+                now = time.monotonic()
+                if msg.type is aiohttp.WSMsgType.BINARY:
+                    self.got.frames.append((now, msg.data))
+                elif msg.type is aiohttp.WSMsgType.TEXT:
+                    self.got.events.append((now, json.loads(msg.data)))
+                self._changed.set()
+        finally:
+            if not self.closed.done():
+                self.closed.set_result(self.ws.close_code)
+            self._changed.set()
+
+    async def send(self, **message: Any) -> float:
+        await self.ws.send_str(json.dumps(message))
+        return time.monotonic()
+
+    async def start(
+        self, voice: str = "en-us", fmt: str = "mulaw_8000", **kw: Any
+    ) -> dict[str, Any]:
+        await self.send(type="start", voice=voice, format=fmt, **kw)
+        return await self.wait_event("ready")
+
+    async def wait_event(
+        self, kind: str, timeout: float = 10.0, count: int = 1, **match: Any
+    ) -> dict[str, Any]:
+        async with asyncio.timeout(timeout):
+            while True:
+                found = [
+                    e
+                    for e in self.got.of_type(kind)
+                    if all(e.get(k) == v for k, v in match.items())
+                ]
+                if len(found) >= count:
+                    return found[count - 1]
+                if self.closed.done():
+                    raise AssertionError(
+                        f"closed ({self.closed.result()}) before {kind}; got {self.got.types()}"
+                    )
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def wait_closed(self, timeout: float = 10.0) -> int | None:
+        async with asyncio.timeout(timeout):
+            code: int | None = await asyncio.shield(self.closed)
+            return code
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.ws.close()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+        await self.http.close()

@@ -1,0 +1,128 @@
+"""Engine supervision end to end: crash recovery, attach mode, slot exhaustion."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.integration.harness import ROOT, GatewayProcess, NativeClient
+
+
+@pytest.fixture
+def fresh_gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
+    gw = GatewayProcess(tmp_path / "gateway.log")
+    gw.start()
+    yield gw
+    gw.stop()
+
+
+async def speak_ok(gw: GatewayProcess, text: str = "Hello again.") -> None:
+    client = await NativeClient.connect(gw.ws_url, gw.token())
+    try:
+        await client.start()
+        await client.send(type="speak", text=text)
+        done = await client.wait_event("utterance_done")
+        assert done["audio_ms"] > 300
+    finally:
+        await client.aclose()
+
+
+async def test_engine_crash_errors_streams_and_recovers(fresh_gateway: GatewayProcess) -> None:
+    gw = fresh_gateway
+    old_pid = gw.engine_pid()
+    client = await NativeClient.connect(gw.ws_url, gw.token())
+    try:
+        await client.start()
+        await client.send(type="speak", text="Please hold. " * 20)
+        await client.wait_event("utterance_started")
+        os.kill(old_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        error = await client.wait_event("error", timeout=5)
+        assert error["code"] == "engine_unavailable"
+        assert await client.wait_closed() == 1011
+    finally:
+        await client.aclose()
+    # Not ready until the new engine is up, then ready within a few seconds.
+    status, body = gw.readyz()
+    assert status == 503 or body["engine_pid"] != old_pid
+    gw.wait_ready(timeout=10)
+    assert time.monotonic() - killed_at < 5
+    assert gw.engine_pid() != old_pid
+    await speak_ok(gw)
+    async with aiohttp.ClientSession() as http:
+        metrics = await (await http.get(gw.base + "/metrics")).text()
+    assert 'gateway_errors_total{code="engine_unavailable"} 1.0' in metrics
+    assert "gateway_engine_restarts_total 1.0" in metrics
+
+
+async def test_gateway_attaches_to_a_standalone_engine_and_reattaches(tmp_path: Path) -> None:
+    sock = str(tmp_path / "engine.sock")
+    env = {**os.environ, "ENGINE_SOCKET": sock}
+
+    def start_engine() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "engine", "--socket", sock, "--slots", "8"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "engine.log", "ab"),
+        )
+
+    engine = start_engine()
+    gw = GatewayProcess(tmp_path / "gateway.log", ENGINE_SOCKET=sock)
+    try:
+        gw.start()
+        await speak_ok(gw)
+        engine.terminate()
+        engine.wait(10)
+        for _ in range(100):
+            if gw.readyz()[0] == 503:
+                break
+            await asyncio.sleep(0.05)
+        assert gw.readyz()[0] == 503
+        engine = start_engine()
+        gw.wait_ready(timeout=15)
+        await speak_ok(gw)
+    finally:
+        gw.stop()
+        engine.terminate()
+        engine.wait(10)
+
+
+async def test_slot_pool_exhaustion_refuses_with_1013(tmp_path: Path) -> None:
+    gw = GatewayProcess(tmp_path / "gateway.log", ENGINE_SLOTS="2")
+    gw.start()
+    clients: list[NativeClient] = []
+    try:
+        for _ in range(2):
+            client = await NativeClient.connect(gw.ws_url, gw.token())
+            clients.append(client)
+            await client.start()
+        extra = await NativeClient.connect(gw.ws_url, gw.token())
+        clients.append(extra)
+        await extra.send(type="start", voice="en-us", format="mulaw_8000")
+        error = await extra.wait_event("error")
+        assert error["code"] == "overloaded"
+        assert await extra.wait_closed() == 1013
+        # The admitted sessions still work, and a freed slot is reused.
+        await clients[0].send(type="speak", text="Still fine.")
+        await clients[0].wait_event("utterance_done")
+        await clients[1].send(type="close")
+        await clients[1].wait_closed()
+        again = await NativeClient.connect(gw.ws_url, gw.token())
+        clients.append(again)
+        await again.send(type="start", voice="en-us", format="mulaw_8000")
+        assert (await again.wait_event("ready"))["type"] == "ready"
+    finally:
+        for client in clients:
+            await client.aclose()
+        gw.stop()
