@@ -83,6 +83,7 @@ class EngineStream:
         self.listener = listener
         self.outbound: SpscRing = client.arena.outbound(slot)
         self.inbound: SpscRing = client.arena.inbound(slot)
+        self.boundaries: SpscRing = client.arena.boundaries(slot)
         self.closed = False
         self._cancel_waiters: list[asyncio.Future[int]] = []
         self._close_waiter: asyncio.Future[None] | None = None
@@ -117,8 +118,7 @@ class EngineStream:
         self.client.send(CloseStream(stream_id=self.stream_id))
         with contextlib.suppress(TimeoutError, EngineUnavailable):
             await asyncio.wait_for(self._close_waiter, timeout)
-        self.outbound.release()
-        self.inbound.release()
+        # The rings are the arena's (cached per slot); they stay mapped for reuse.
 
     # called by the client
     def _dispatch(self, message: Message) -> None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from engine.backends.base import Backend, BackendError, PcmChunk
+from engine.boundaries import BoundaryWriter
 from engine.ring import SpscRing
 from engine.schema import (
     Cancelled,
@@ -71,10 +72,13 @@ class _Stream:
     stream_id: int
     owner: object
     ring: SpscRing
+    boundaries: BoundaryWriter
     voice: object
     resampler: StreamingResampler
     utterances: deque[_Utterance] = field(default_factory=deque)
     pending: bytearray = field(default_factory=bytearray)
+    # Utterance ends not yet in the boundaries ring (it was full): block later audio.
+    pending_boundaries: deque[tuple[int, int]] = field(default_factory=deque)
     # Bumped (from the loop thread) on cancel/close so in-flight synthesis stops at once.
     generation: int = 0
     tap: BinaryIO | None = None  # debug copy of everything written (ENGINE_PCM_TAP_DIR)
@@ -149,11 +153,12 @@ class Scheduler:
         stream_id: int,
         owner: object,
         ring: SpscRing,
+        boundaries: SpscRing,
         voice: object,
         sample_rate: int,
     ) -> None:
         resampler = StreamingResampler(self._backend.native_sample_rate, sample_rate)
-        stream = _Stream(slot, stream_id, owner, ring, voice, resampler)
+        stream = _Stream(slot, stream_id, owner, ring, BoundaryWriter(boundaries), voice, resampler)
         if self._tap_directory:
             name = f"{time.time_ns()}-slot{slot}-stream{stream_id}-{sample_rate}hz.pcm"
             stream.tap = open(os.path.join(self._tap_directory, name), "wb")  # noqa: SIM115
@@ -237,6 +242,7 @@ class Scheduler:
             return
         stream.utterances.clear()
         stream.pending.clear()
+        stream.pending_boundaries.clear()
         stream.resampler.reset()
         stream.generation = self._generations.get(stream.slot, 0)
         if command.close:
@@ -257,7 +263,12 @@ class Scheduler:
             slot = self._order[0]
             self._order.rotate(-1)
             stream = self._streams[slot]
-            if not stream.pending and stream.utterances and stream.utterances[0].segments:
+            if (
+                not stream.pending
+                and not stream.pending_boundaries
+                and stream.utterances
+                and stream.utterances[0].segments
+            ):
                 return stream
         return None
 
@@ -319,6 +330,10 @@ class Scheduler:
 
     def _flush_all(self) -> None:
         for stream in list(self._streams.values()):
+            while stream.pending_boundaries and stream.boundaries.append(
+                *stream.pending_boundaries[0]
+            ):
+                stream.pending_boundaries.popleft()
             if stream.pending:
                 written = stream.ring.write(stream.pending)
                 if written:
@@ -339,6 +354,8 @@ class Scheduler:
         self._announce(stream, utterance)
         end = stream.ring.write_pos
         start = utterance.start_pos if utterance.start_pos is not None else end
+        if end > start:
+            self._publish_boundary(stream, utterance.seq, end)
         stream.utterances.popleft()
         stream.resampler.reset()
         self._on_event(
@@ -352,6 +369,11 @@ class Scheduler:
             ),
         )
 
+    def _publish_boundary(self, stream: _Stream, seq: int, end_pos: int) -> None:
+        """Record where ``seq`` ends before any later audio enters the ring."""
+        if stream.pending_boundaries or not stream.boundaries.append(seq, end_pos):
+            stream.pending_boundaries.append((seq, end_pos))
+
     def _fail(self, stream: _Stream, utterance: _Utterance, code: str, message: str) -> None:
         """Drop ``utterance``. Audio of it already in the ring ends at ``end_pos``."""
         end_pos: int | None = None
@@ -359,6 +381,8 @@ class Scheduler:
             stream.pending.clear()  # only the head utterance has output in flight
             stream.resampler.reset()
             end_pos = stream.ring.write_pos
+            if utterance.announced:
+                self._publish_boundary(stream, utterance.seq, end_pos)
         if utterance in stream.utterances:
             stream.utterances.remove(utterance)
         self._on_event(

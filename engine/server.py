@@ -197,6 +197,7 @@ class _Connection(asyncio.Protocol):
             stream_id=message.stream_id,
             owner=self,
             ring=server.layout.arena.outbound(slot),
+            boundaries=server.layout.arena.boundaries(slot),
             voice=voice,
             sample_rate=message.sample_rate,
         )

@@ -6,20 +6,24 @@ to and unlinks it when that process exits, destroying segments owned by the othe
 process. Here only the creator ever unlinks, and only when asked.
 
 :class:`SlotArena` carves one region into a fixed pool of per-call slots. Each slot
-owns two :class:`engine.ring.SpscRing` regions:
+owns three :class:`engine.ring.SpscRing` regions:
 
 * *outbound* (engine -> gateway synthesized PCM), ``out_capacity`` data bytes;
-* *inbound* (gateway -> engine caller audio), ``in_capacity`` data bytes.
+* *inbound* (gateway -> engine caller audio), ``in_capacity`` data bytes;
+* *boundaries* (engine -> gateway utterance ends, see :mod:`engine.boundaries`),
+  ``BOUNDARY_CAPACITY`` data bytes.
 
 Arena layout (a cross-process contract; both processes must use identical
 ``slots``, ``out_capacity`` and ``in_capacity``)::
 
     out_span    = align64(HEADER_SIZE + out_capacity)
     in_span     = align64(HEADER_SIZE + in_capacity)
-    slot_stride = out_span + in_span
+    bnd_span    = align64(HEADER_SIZE + BOUNDARY_CAPACITY)
+    slot_stride = out_span + in_span + bnd_span
 
-    slot i outbound ring at  i * slot_stride
-    slot i inbound  ring at  i * slot_stride + out_span
+    slot i outbound   ring at  i * slot_stride
+    slot i inbound    ring at  i * slot_stride + out_span
+    slot i boundaries ring at  i * slot_stride + out_span + in_span
     region_size = slots * slot_stride
 
 The region base is page-aligned (``mmap``), so every ring starts on a 64-byte
@@ -43,6 +47,7 @@ import numpy as np
 from engine.ring import HEADER_SIZE, RingError, SpscRing
 
 __all__ = [
+    "BOUNDARY_CAPACITY",
     "DEFAULT_SHM_DIR",
     "RING_ALIGNMENT",
     "ArenaError",
@@ -57,6 +62,9 @@ DEFAULT_SHM_DIR: Final = "/dev/shm"
 
 RING_ALIGNMENT: Final = 64
 """Alignment, in bytes, of every ring region inside a :class:`SlotArena`."""
+
+BOUNDARY_CAPACITY: Final = 4096
+"""Data bytes of each slot's boundaries ring (256 records of 16 bytes)."""
 
 _NAME_MAX: Final = 255
 
@@ -276,7 +284,9 @@ class SlotArena:
     """
 
     __slots__ = (
+        "_bnd_rings",
         "_in_capacity",
+        "_in_span",
         "_in_rings",
         "_out_capacity",
         "_out_rings",
@@ -317,9 +327,11 @@ class SlotArena:
         self._out_capacity = out_capacity
         self._in_capacity = in_capacity
         self._out_span = _align(HEADER_SIZE + out_capacity)
-        self._slot_stride = self._out_span + _align(HEADER_SIZE + in_capacity)
+        self._in_span = _align(HEADER_SIZE + in_capacity)
+        self._slot_stride = self._out_span + self._in_span + _align(HEADER_SIZE + BOUNDARY_CAPACITY)
         self._out_rings: list[SpscRing | None] = [None] * slots
         self._in_rings: list[SpscRing | None] = [None] * slots
+        self._bnd_rings: list[SpscRing | None] = [None] * slots
 
     @staticmethod
     def region_size(slots: int, out_capacity: int, in_capacity: int) -> int:
@@ -335,7 +347,8 @@ class SlotArena:
             in_region = SpscRing.region_size(in_capacity)
         except RingError as exc:
             raise ArenaError(str(exc)) from exc
-        return slots * (_align(out_region) + _align(in_region))
+        bnd_region = SpscRing.region_size(BOUNDARY_CAPACITY)
+        return slots * (_align(out_region) + _align(in_region) + _align(bnd_region))
 
     @property
     def slots(self) -> int:
@@ -357,15 +370,15 @@ class SlotArena:
         """Bytes between the starts of consecutive slots (a multiple of 64)."""
         return self._slot_stride
 
-    def ring_offsets(self, slot: int) -> tuple[int, int]:
-        """Byte offsets of *slot*'s (outbound, inbound) ring regions in the arena.
+    def ring_offsets(self, slot: int) -> tuple[int, int, int]:
+        """Byte offsets of *slot*'s (outbound, inbound, boundaries) rings in the arena.
 
         Raises:
             SlotIndexError: *slot* outside ``[0, slots)``.
         """
         self._check_slot(slot)
         base = slot * self._slot_stride
-        return base, base + self._out_span
+        return base, base + self._out_span, base + self._out_span + self._in_span
 
     def outbound(self, slot: int) -> SpscRing:
         """The engine -> gateway ring of *slot* (cached; capacity verified once).
@@ -396,8 +409,22 @@ class SlotArena:
             self._in_rings[slot] = ring
         return ring
 
+    def boundaries(self, slot: int) -> SpscRing:
+        """The engine -> gateway utterance-boundary ring of *slot* (cached).
+
+        Raises:
+            SlotIndexError: *slot* outside ``[0, slots)``.
+            RingError: the slot's header does not hold ``BOUNDARY_CAPACITY``.
+        """
+        ring = self._bnd_rings[self._check_slot(slot)]
+        if ring is None:
+            offset = slot * self._slot_stride + self._out_span + self._in_span
+            ring = SpscRing.attach(self._ring_view(offset), BOUNDARY_CAPACITY)
+            self._bnd_rings[slot] = ring
+        return ring
+
     def reset_slot(self, slot: int) -> None:
-        """Reset both rings of *slot* (positions 0, capacity stored).
+        """Reset every ring of *slot* (positions 0, capacity stored).
 
         Only while neither the producer nor the consumer of either ring is active.
 
@@ -414,8 +441,14 @@ class SlotArena:
         if in_ring is None:
             in_ring = SpscRing(self._ring_view(base + self._out_span), self._in_capacity)
             self._in_rings[slot] = in_ring
+        bnd_ring = self._bnd_rings[slot]
+        if bnd_ring is None:
+            offset = base + self._out_span + self._in_span
+            bnd_ring = SpscRing(self._ring_view(offset), BOUNDARY_CAPACITY)
+            self._bnd_rings[slot] = bnd_ring
         out_ring.reset()
         in_ring.reset()
+        bnd_ring.reset()
 
     def reset_all(self) -> None:
         """:meth:`reset_slot` every slot (owner, right after creating the region)."""
@@ -427,7 +460,7 @@ class SlotArena:
 
         Afterwards the underlying :class:`SharedRegion` can be closed (unmapped).
         """
-        for rings in (self._out_rings, self._in_rings):
+        for rings in (self._out_rings, self._in_rings, self._bnd_rings):
             for i, ring in enumerate(rings):
                 if ring is not None:
                     ring.release()

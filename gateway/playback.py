@@ -31,6 +31,12 @@ class RingReader(Protocol):
     def discard_until(self, pos: int) -> None: ...
 
 
+class BoundarySource(Protocol):
+    """Consumer side of :class:`engine.boundaries.BoundaryReader`."""
+
+    def drain(self) -> list[tuple[int, int]]: ...
+
+
 class FrameStatus(enum.Enum):
     FRAME = "frame"  # a frame was produced
     IDLE = "idle"  # nothing queued
@@ -75,8 +81,16 @@ class Playback:
     ``sample_rate`` and ``frame_bytes`` describe the PCM in the ring (16-bit mono).
     """
 
-    def __init__(self, *, sample_rate: int, frame_bytes: int, max_items: int = 256) -> None:
+    def __init__(
+        self,
+        *,
+        sample_rate: int,
+        frame_bytes: int,
+        max_items: int = 256,
+        boundaries: BoundarySource | None = None,
+    ) -> None:
         self.sample_rate = sample_rate
+        self._boundaries = boundaries
         self.frame_bytes = frame_bytes
         self.max_items = max_items
         self._queue: deque[QueuedUtterance | QueuedMark] = deque()
@@ -206,8 +220,14 @@ class Playback:
             return FrameStatus.IDLE if head.ended else FrameStatus.WAITING
         if ring.read_pos < head.start_pos:
             ring.discard_until(head.start_pos)  # leftovers of dropped work
-        # The engine reports an utterance's end only once all of it is in the ring.
-        limit = ring.write_pos if head.end_pos is None else min(head.end_pos, ring.write_pos)
+        write_pos = ring.write_pos  # before the boundaries: see engine.boundaries
+        if head.end_pos is None and self._boundaries is not None:
+            for seq, end_pos in self._boundaries.drain():
+                item = self._by_seq.get(seq)
+                if item is not None and item.end_pos is None:
+                    item.end_pos = end_pos
+        # Until its end is known, every byte written belongs to the head utterance.
+        limit = write_pos if head.end_pos is None else min(head.end_pos, write_pos)
         available = max(0, limit - ring.read_pos)
         if available >= self.frame_bytes:
             frame = ring.read(self.frame_bytes)
@@ -227,7 +247,10 @@ class Playback:
         self._pop(now)
         if head.error is not None:
             events.append(head.error)
-        samples = head.samples or 0
+        samples = head.samples
+        if samples is None:  # ended by a boundary record or a failure: count the bytes
+            span = (head.end_pos or 0) - (head.start_pos or 0)
+            samples = max(0, span) // 2
         first_audio_ms = None
         if head.first_frame_at is not None:
             since = head.head_at if head.head_at is not None else head.requested_at

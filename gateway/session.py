@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from engine.boundaries import BoundaryReader
 from engine.client import EngineClient, EngineRejected, EngineStream, EngineUnavailable
 from engine.schema import UtteranceAudio, UtteranceEnd, UtteranceFailed
 from gateway.errors import CloseCode, SessionError
@@ -129,7 +130,9 @@ class Session:
         self._encoder: FrameEncoder | None = None
         self._lead_s = limits.realtime_lead_s
         self._frame_s = 0.02
-        self._next_deadline = 0.0
+        # Frame k of the current run is due at _run_base + k * _frame_s.
+        self._run_base = 0.0
+        self._run_index = 0
         self._starving = False
         self._seq = itertools.count(1)
         self._auto_ids = itertools.count(1)
@@ -211,6 +214,7 @@ class Session:
             sample_rate=fmt.sample_rate,
             frame_bytes=fmt.pcm_frame_bytes,
             max_items=self._limits.max_queued_items,
+            boundaries=BoundaryReader(self.stream.boundaries),
         )
         self._transition(SessionState.ACTIVE)
         self._peer.send_event(Ready(self.id, fmt.name, fmt.sample_rate, fmt.frame_ms))
@@ -288,6 +292,7 @@ class Session:
             self._peer.send_event(event)
         self._peer.send_event(Cleared())
         self._starving = False
+        self._run_base, self._run_index = 0.0, 0  # the peer dropped its buffer
         try:
             write_pos = await stream.cancel(self._limits.cancel_timeout_s)
         except EngineUnavailable:
@@ -322,21 +327,22 @@ class Session:
         sent = 0
         horizon = now + self._lead_s
         peer = self._peer
-        while self._next_deadline <= horizon:
+        frame_s = self._frame_s
+        while (deadline := self._run_base + self._run_index * frame_s) <= horizon + 1e-9:
             result = playback.next_frame(stream.outbound, now)
             for event in result.before:
                 peer.send_event(event)
             if result.frame is None:
-                starved = result.status is FrameStatus.STARVED and self._next_deadline <= now
+                starved = result.status is FrameStatus.STARVED and deadline <= now
                 if starved and not self._starving:
                     self._starving = True
                     self.underruns += 1
                     self._metrics.underruns.inc()
                 break
-            if self._next_deadline < now:
-                self._next_deadline = now
+            if deadline < now:  # after a gap: a new run starts now
+                self._run_base, self._run_index = now, 0
             peer.send_audio(encoder.encode(result.frame))
-            self._next_deadline += self._frame_s
+            self._run_index += 1
             self._starving = False
             sent += 1
             for event in result.after:

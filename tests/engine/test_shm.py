@@ -15,6 +15,7 @@ import pytest
 
 from engine.ring import HEADER_SIZE, RingError, SpscRing
 from engine.shm import (
+    BOUNDARY_CAPACITY,
     DEFAULT_SHM_DIR,
     RING_ALIGNMENT,
     ArenaError,
@@ -201,9 +202,10 @@ def test_attach_in_other_process_does_not_unlink(region_dir: str) -> None:
 def test_arena_region_size_and_alignment() -> None:
     out_span = -(-(HEADER_SIZE + 1000) // 64) * 64
     in_span = -(-(HEADER_SIZE + 300) // 64) * 64
-    assert SlotArena.region_size(4, 1000, 300) == 4 * (out_span + in_span)
-    assert SlotArena.region_size(1, 64 - HEADER_SIZE % 64, 1) == 128 + 64 + 192
-    assert SlotArena.region_size(3, 4096 - HEADER_SIZE, 2048 - HEADER_SIZE) == 3 * 6144
+    bnd_span = HEADER_SIZE + BOUNDARY_CAPACITY  # both multiples of 64
+    assert SlotArena.region_size(4, 1000, 300) == 4 * (out_span + in_span + bnd_span)
+    assert SlotArena.region_size(1, 64 - HEADER_SIZE % 64, 1) == 128 + 64 + 192 + bnd_span
+    assert SlotArena.region_size(3, 4096 - HEADER_SIZE, 2048 - HEADER_SIZE) == 3 * (6144 + bnd_span)
 
 
 def test_arena_layout(arena_region: SharedRegion) -> None:
@@ -215,11 +217,13 @@ def test_arena_layout(arena_region: SharedRegion) -> None:
     assert arena.slot_stride * 4 == SlotArena.region_size(4, 1000, 300)
     spans: list[tuple[int, int]] = []
     for slot in range(arena.slots):
-        out_off, in_off = arena.ring_offsets(slot)
+        out_off, in_off, bnd_off = arena.ring_offsets(slot)
         assert out_off % RING_ALIGNMENT == 0
         assert in_off % RING_ALIGNMENT == 0
+        assert bnd_off % RING_ALIGNMENT == 0
         spans.append((out_off, out_off + SpscRing.region_size(1000)))
         spans.append((in_off, in_off + SpscRing.region_size(300)))
+        spans.append((bnd_off, bnd_off + SpscRing.region_size(BOUNDARY_CAPACITY)))
     spans.sort()
     for (_, end), (start, _) in itertools.pairwise(spans):
         assert end <= start  # no overlap
@@ -251,8 +255,8 @@ def test_arena_rings_are_at_documented_offsets(arena_region: SharedRegion) -> No
     arena.reset_all()
     arena.outbound(2).write(b"OUT")
     arena.inbound(3).write(b"IN")
-    out_off, _ = arena.ring_offsets(2)
-    _, in_off = arena.ring_offsets(3)
+    out_off, _, _ = arena.ring_offsets(2)
+    _, in_off, _ = arena.ring_offsets(3)
     buf = arena_region.buf
     assert int.from_bytes(buf[out_off + 8 : out_off + 12], "little") == 1000
     assert bytes(buf[out_off + HEADER_SIZE : out_off + HEADER_SIZE + 3]) == b"OUT"

@@ -1,0 +1,331 @@
+"""Tests for the native protocol's sans-I/O codec: client messages, events, start options."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+import pytest
+
+from gateway.errors import CloseCode, ProtocolViolation, SessionError
+from gateway.events import (
+    BargeIn,
+    Cleared,
+    ErrorEvent,
+    MarkReached,
+    Ready,
+    SessionEvent,
+    UtteranceDone,
+    UtteranceStarted,
+)
+from gateway.formats import FORMATS
+from gateway.protocols.native import (
+    ClearMsg,
+    CloseMsg,
+    FlushMsg,
+    MarkMsg,
+    SpeakMsg,
+    StartMsg,
+    decode_client_message,
+    encode_event,
+    start_options,
+)
+from gateway.state import GatewayState
+
+
+def decode(obj: Any) -> object:
+    return decode_client_message(json.dumps(obj))
+
+
+def violation(data: str | bytes) -> ProtocolViolation:
+    with pytest.raises(ProtocolViolation) as info:
+        decode_client_message(data)
+    return info.value
+
+
+# ---------------------------------------------------------------- client messages
+
+
+def test_start_with_all_fields():
+    msg = decode(
+        {
+            "type": "start",
+            "voice": "en-us",
+            "format": "mulaw_8000",
+            "language": "en",
+            "speed": 1.5,
+            "pacing": "burst",
+            "input_format": "pcm_16000",
+            "barge_in": True,
+        }
+    )
+    assert msg == StartMsg(
+        voice="en-us",
+        format="mulaw_8000",
+        language="en",
+        speed=1.5,
+        pacing="burst",
+        input_format="pcm_16000",
+        barge_in=True,
+    )
+
+
+def test_start_defaults():
+    msg = decode({"type": "start", "voice": "v"})
+    assert isinstance(msg, StartMsg)
+    assert msg.format is None
+    assert msg.language is None
+    assert msg.speed == 1.0
+    assert msg.pacing == "realtime"
+    assert msg.input_format is None
+    assert msg.barge_in is None
+
+
+def test_speak_with_all_fields_and_defaults():
+    assert decode(
+        {"type": "speak", "text": "Hello.", "utterance_id": "greeting", "flush": False}
+    ) == SpeakMsg(text="Hello.", utterance_id="greeting", flush=False)
+    msg = decode({"type": "speak", "text": "Hi"})
+    assert isinstance(msg, SpeakMsg)
+    assert (msg.text, msg.utterance_id, msg.flush) == ("Hi", None, True)
+
+
+def test_flush_clear_mark_close():
+    assert decode({"type": "flush", "utterance_id": "u1"}) == FlushMsg(utterance_id="u1")
+    assert decode({"type": "flush"}) == FlushMsg(utterance_id=None)
+    assert decode({"type": "clear"}) == ClearMsg()
+    assert decode({"type": "mark", "name": "after-menu"}) == MarkMsg(name="after-menu")
+    assert decode({"type": "close"}) == CloseMsg()
+
+
+def test_bytes_input_is_accepted():
+    assert decode_client_message(b'{"type":"clear"}') == ClearMsg()
+
+
+def test_unknown_extra_fields_are_ignored():
+    msg = decode({"type": "speak", "text": "x", "future_field": {"a": [1, 2]}, "n": 3})
+    assert msg == SpeakMsg(text="x")
+    assert decode({"type": "clear", "reason": "caller spoke"}) == ClearMsg()
+
+
+def test_boundary_values_are_accepted():
+    assert isinstance(decode({"type": "start", "voice": "v", "speed": 0.25}), StartMsg)
+    assert isinstance(decode({"type": "start", "voice": "v", "speed": 4}), StartMsg)
+    assert decode({"type": "mark", "name": "m" * 256}) == MarkMsg(name="m" * 256)
+
+
+@pytest.mark.parametrize(
+    "data",
+    ["", "{", "not json", "{'type': 'clear'}", b"\xff\xfe", '{"type": "clear"} trailing'],
+)
+def test_invalid_json(data: str | bytes):
+    exc = violation(data)
+    assert exc.code == "invalid_json"
+
+
+@pytest.mark.parametrize("data", ['[{"type": "clear"}]', "[]", '"clear"', "42", "null"])
+def test_json_that_is_not_an_object(data: str):
+    assert violation(data).code == "invalid_json"
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [{}, {"text": "hi"}, {"type": "dance"}, {"type": 5}, {"type": None}, {"type": "START"}],
+)
+def test_missing_or_unknown_type(obj: dict[str, Any]):
+    assert violation(json.dumps(obj)).code == "unknown_type"
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"type": "speak", "text": 5},
+        {"type": "speak"},
+        {"type": "speak", "text": "x", "flush": "yes"},
+        {"type": "speak", "text": "x", "utterance_id": ""},
+        {"type": "speak", "text": "x", "utterance_id": "u" * 257},
+        {"type": "start"},
+        {"type": "start", "voice": "v", "speed": 0.2},
+        {"type": "start", "voice": "v", "speed": 4.01},
+        {"type": "start", "voice": "v", "speed": "fast"},
+        {"type": "start", "voice": "v", "pacing": "fast"},
+        {"type": "start", "voice": 1},
+        {"type": "mark", "name": ""},
+        {"type": "mark", "name": "m" * 257},
+        {"type": "mark"},
+        {"type": "flush", "utterance_id": ""},
+    ],
+)
+def test_invalid_message(obj: dict[str, Any]):
+    exc = violation(json.dumps(obj))
+    assert exc.code == "invalid_message"
+    assert exc.close_code is None  # the session decides; the codec only classifies
+
+
+def test_violations_are_session_errors():
+    exc = violation("nope")
+    assert isinstance(exc, SessionError)
+    assert exc.message
+
+
+# ------------------------------------------------------------------------ events
+
+
+def wire(event: SessionEvent) -> dict[str, Any]:
+    text = encode_event(event)
+    assert isinstance(text, str)
+    decoded: dict[str, Any] = json.loads(text)
+    # Compact: no whitespace between tokens, keys in the documented order.
+    assert text == json.dumps(decoded, separators=(",", ":"), ensure_ascii=False)
+    return decoded
+
+
+def test_encode_ready():
+    assert wire(Ready("s123", "mulaw_8000", 8000, 20)) == {
+        "type": "ready",
+        "session_id": "s123",
+        "format": "mulaw_8000",
+        "sample_rate": 8000,
+        "frame_ms": 20,
+    }
+
+
+def test_encode_utterance_started():
+    assert wire(UtteranceStarted("u1")) == {"type": "utterance_started", "utterance_id": "u1"}
+
+
+def test_encode_utterance_done():
+    assert wire(UtteranceDone("u1", 1234, 87)) == {
+        "type": "utterance_done",
+        "utterance_id": "u1",
+        "audio_ms": 1234,
+        "first_audio_ms": 87,
+    }
+    assert wire(UtteranceDone("u2", 0, None)) == {
+        "type": "utterance_done",
+        "utterance_id": "u2",
+        "audio_ms": 0,
+        "first_audio_ms": None,
+    }
+
+
+def test_encode_mark():
+    assert wire(MarkReached("m1")) == {"type": "mark", "name": "m1", "cleared": False}
+    assert wire(MarkReached("m2", cleared=True)) == {"type": "mark", "name": "m2", "cleared": True}
+
+
+def test_encode_cleared_and_barge_in():
+    assert wire(Cleared()) == {"type": "cleared"}
+    assert wire(BargeIn()) == {"type": "barge_in"}
+
+
+def test_encode_error():
+    assert wire(ErrorEvent("queue_full", "too many queued utterances")) == {
+        "type": "error",
+        "code": "queue_full",
+        "message": "too many queued utterances",
+    }
+    assert wire(ErrorEvent("engine_error", "synthesis failed", "u7")) == {
+        "type": "error",
+        "code": "engine_error",
+        "message": "synthesis failed",
+        "utterance_id": "u7",
+    }
+
+
+def test_encode_exact_text_and_non_ascii():
+    assert encode_event(Cleared()) == '{"type":"cleared"}'
+    assert json.loads(encode_event(MarkReached("caf\u00e9 \u2603")))["name"] == "caf\u00e9 \u2603"
+
+
+# ------------------------------------------------------------------ start options
+
+
+class Voices:
+    """Stand-in for GatewayState: start_options only asks it for voice ids."""
+
+    def __init__(self, *ids: str) -> None:
+        self._ids = frozenset(ids)
+
+    def voice_ids(self) -> frozenset[str]:
+        return self._ids
+
+
+def state(*voices: str) -> GatewayState:
+    return cast(GatewayState, Voices(*voices))
+
+
+def start(**fields: Any) -> StartMsg:
+    msg = decode({"type": "start", "voice": "en-us", **fields})
+    assert isinstance(msg, StartMsg)
+    return msg
+
+
+def test_start_options_all_fields():
+    opts = start_options(
+        start(
+            format="mulaw_8000",
+            language="en",
+            speed=0.5,
+            pacing="burst",
+            input_format="alaw_8000",
+            barge_in=True,
+        ),
+        state("en-us", "de"),
+    )
+    assert opts.voice == "en-us"
+    assert opts.format is FORMATS["mulaw_8000"]
+    assert opts.language == "en"
+    assert opts.speed == 0.5
+    assert opts.pacing == "burst"
+    assert opts.input_format is FORMATS["alaw_8000"]
+    assert opts.barge_in is True
+
+
+def test_start_options_defaults():
+    opts = start_options(start(format="pcm_16000"), state("en-us"))
+    assert opts.format is FORMATS["pcm_16000"]
+    assert (opts.language, opts.speed, opts.pacing) == (None, 1.0, "realtime")
+    assert opts.input_format is None
+    assert opts.barge_in is False
+
+
+def test_start_options_unknown_format():
+    with pytest.raises(SessionError) as info:
+        start_options(start(format="mp3_44100"), state("en-us"))
+    assert info.value.code == "unsupported_format"
+    assert info.value.close_code == 1008
+    assert info.value.close_code == CloseCode.POLICY
+
+
+def test_start_options_unknown_voice():
+    with pytest.raises(SessionError) as info:
+        start_options(start(voice="klingon", format="pcm_16000"), state("en-us", "de"))
+    assert info.value.code == "unknown_voice"
+    assert info.value.close_code == CloseCode.POLICY
+
+
+def test_start_options_no_known_voices_accepts_any_voice():
+    opts = start_options(start(voice="anything", format="pcm_16000"), state())
+    assert opts.voice == "anything"
+
+
+@pytest.mark.parametrize("input_format", ["opus_48000", "opus_16000", "wav", "mulaw"])
+def test_start_options_rejects_input_format(input_format: str):
+    with pytest.raises(SessionError) as info:
+        start_options(start(format="pcm_16000", input_format=input_format), state("en-us"))
+    assert info.value.code == "unsupported_format"
+    assert info.value.close_code == CloseCode.POLICY
+
+
+def test_start_options_accepts_every_non_opus_input_format():
+    for name in ("mulaw_8000", "alaw_8000", "pcm_8000", "pcm_16000", "pcm_24000", "pcm_48000"):
+        opts = start_options(start(format="mulaw_8000", input_format=name), state())
+        assert opts.input_format is FORMATS[name]
+
+
+def test_start_options_format_is_required():
+    with pytest.raises(ProtocolViolation) as info:
+        start_options(start(), state("en-us"))
+    assert info.value.code == "invalid_message"
+    assert info.value.close_code == CloseCode.POLICY
