@@ -286,8 +286,8 @@ class SlotArena:
     __slots__ = (
         "_bnd_rings",
         "_in_capacity",
-        "_in_span",
         "_in_rings",
+        "_in_span",
         "_out_capacity",
         "_out_rings",
         "_out_span",

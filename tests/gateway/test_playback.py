@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
