@@ -1,9 +1,10 @@
 """The engine's scheduler: one worker thread owns the backend and serves every stream.
 
-Fairness: streams take turns, one text segment (a clause or a sentence, at most
-:attr:`engine.text.SegmentSplitter.max_segment_chars` characters) per turn, so one long
-text cannot starve short prompts and every new utterance's first clause is synthesized
-within one round.
+Fairness: work is done one text segment at a time (a clause or a sentence, at most
+:attr:`engine.text.SegmentSplitter.max_segment_chars` characters), earliest deadline
+first: the next segment goes to the stream whose ring holds the least unplayed audio.
+A new utterance (nothing buffered) goes before streams that are seconds ahead, one long
+text cannot starve short prompts, and each utterance's first segment is a short clause.
 
 Back-pressure: audio goes into the stream's outbound ring. When the ring is full the
 rest of the segment waits in the stream's ``pending`` buffer, and the stream gets no new
@@ -75,6 +76,7 @@ class _Stream:
     boundaries: BoundaryWriter
     voice: object
     resampler: StreamingResampler
+    bytes_per_second: int
     utterances: deque[_Utterance] = field(default_factory=deque)
     pending: bytearray = field(default_factory=bytearray)
     # Utterance ends not yet in the boundaries ring (it was full): block later audio.
@@ -82,6 +84,8 @@ class _Stream:
     # Bumped (from the loop thread) on cancel/close so in-flight synthesis stops at once.
     generation: int = 0
     tap: BinaryIO | None = None  # debug copy of everything written (ENGINE_PCM_TAP_DIR)
+    # Recently failed utterances: later pieces of their text are ignored.
+    failed: deque[int] = field(default_factory=lambda: deque(maxlen=64))
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,11 @@ class Scheduler:
         self._stopping = True
         self._commands.put(None)
         self._thread.join(timeout)
+        if not self._thread.is_alive():
+            for stream in self._streams.values():
+                if stream.tap is not None:
+                    stream.tap.close()
+            self._streams.clear()
 
     def open_stream(
         self,
@@ -158,7 +167,16 @@ class Scheduler:
         sample_rate: int,
     ) -> None:
         resampler = StreamingResampler(self._backend.native_sample_rate, sample_rate)
-        stream = _Stream(slot, stream_id, owner, ring, BoundaryWriter(boundaries), voice, resampler)
+        stream = _Stream(
+            slot,
+            stream_id,
+            owner,
+            ring,
+            BoundaryWriter(boundaries),
+            voice,
+            resampler,
+            bytes_per_second=2 * sample_rate,
+        )
         if self._tap_directory:
             name = f"{time.time_ns()}-slot{slot}-stream{stream_id}-{sample_rate}hz.pcm"
             stream.tap = open(os.path.join(self._tap_directory, name), "wb")  # noqa: SIM115
@@ -180,7 +198,7 @@ class Scheduler:
 
     def _run(self) -> None:
         while not self._stopping:
-            has_pending = any(s.pending for s in self._streams.values())
+            has_pending = any(s.pending or s.pending_boundaries for s in self._streams.values())
             self._take_commands(PENDING_POLL_S if has_pending else IDLE_WAIT_S, block=True)
             while True:
                 self._flush_all()
@@ -223,6 +241,8 @@ class Scheduler:
         stream = self._streams.get(command.slot)
         if stream is None:
             return
+        if command.utterance in stream.failed:
+            return  # more text for an utterance that already failed
         utterance = stream.utterances[-1] if stream.utterances else None
         if utterance is None or utterance.seq != command.utterance or utterance.final:
             utterance = _Utterance(command.utterance)
@@ -243,6 +263,7 @@ class Scheduler:
         stream.utterances.clear()
         stream.pending.clear()
         stream.pending_boundaries.clear()
+        stream.failed.clear()
         stream.resampler.reset()
         stream.generation = self._generations.get(stream.slot, 0)
         if command.close:
@@ -258,19 +279,32 @@ class Scheduler:
             )
 
     def _next_ready(self) -> _Stream | None:
-        """The next stream, round-robin, with a segment to synthesize and no backlog."""
-        for _ in range(len(self._order)):
-            slot = self._order[0]
-            self._order.rotate(-1)
-            stream = self._streams[slot]
+        """The stream whose audio runs out first, among those with a segment to do.
+
+        Earliest deadline first: a stream's deadline is how much unplayed audio its ring
+        holds, so an utterance waiting for its first audio (nothing buffered) goes before
+        streams that are seconds ahead. Ties go round-robin. Streams with a backlog
+        (``pending``) are skipped: their ring is full.
+        """
+        best: _Stream | None = None
+        best_buffered = 0.0
+        order = self._order
+        for _ in range(len(order)):
+            stream = self._streams[order[0]]
+            order.rotate(-1)
             if (
-                not stream.pending
-                and not stream.pending_boundaries
-                and stream.utterances
-                and stream.utterances[0].segments
+                stream.pending
+                or stream.pending_boundaries
+                or not stream.utterances
+                or not stream.utterances[0].segments
             ):
-                return stream
-        return None
+                continue
+            buffered = stream.ring.readable_bytes() / stream.bytes_per_second
+            if best is None or buffered < best_buffered:
+                best, best_buffered = stream, buffered
+                if buffered == 0.0:
+                    break  # nothing is more urgent than an empty ring
+        return best
 
     def _synthesize_next(self, stream: _Stream) -> None:
         utterance = stream.utterances[0]
@@ -301,16 +335,21 @@ class Scheduler:
         if utterance.start_pos is None:
             utterance.start_pos = stream.ring.write_pos + len(stream.pending)
         utterance.samples += len(pcm) // 2
-        if stream.tap is not None:
-            stream.tap.write(pcm)
         self.stats.audio_samples += len(pcm) // 2
         if stream.pending:
             stream.pending += pcm
         else:
-            written = stream.ring.write(pcm)
+            written = self._to_ring(stream, pcm)
             if written < len(pcm):
                 stream.pending += pcm[written:]
         self._announce(stream, utterance)
+
+    @staticmethod
+    def _to_ring(stream: _Stream, data: bytes | bytearray) -> int:
+        written = stream.ring.write(data)
+        if stream.tap is not None and written:
+            stream.tap.write(data[:written])
+        return written
 
     def _announce(self, stream: _Stream, utterance: _Utterance) -> None:
         if (
@@ -335,22 +374,25 @@ class Scheduler:
             ):
                 stream.pending_boundaries.popleft()
             if stream.pending:
-                written = stream.ring.write(stream.pending)
+                written = self._to_ring(stream, stream.pending)
                 if written:
                     del stream.pending[:written]
-            if stream.utterances:
+            # Several utterances may finish in one pass (empty ones queued behind).
+            while stream.utterances:
                 utterance = stream.utterances[0]
                 self._announce(stream, utterance)
-                self._maybe_finish(stream, utterance)
+                if not self._maybe_finish(stream, utterance):
+                    break
 
-    def _maybe_finish(self, stream: _Stream, utterance: _Utterance) -> None:
+    def _maybe_finish(self, stream: _Stream, utterance: _Utterance) -> bool:
+        """End the head ``utterance`` if all of it is in the ring; True if it ended."""
         if not utterance.final or utterance.segments:
-            return
+            return False
         if not utterance.tail_flushed:
             utterance.tail_flushed = True
             self._output(stream, utterance, stream.resampler.flush())
         if stream.pending:
-            return
+            return False
         self._announce(stream, utterance)
         end = stream.ring.write_pos
         start = utterance.start_pos if utterance.start_pos is not None else end
@@ -368,6 +410,7 @@ class Scheduler:
                 samples=utterance.samples,
             ),
         )
+        return True
 
     def _publish_boundary(self, stream: _Stream, seq: int, end_pos: int) -> None:
         """Record where ``seq`` ends before any later audio enters the ring."""
@@ -380,11 +423,12 @@ class Scheduler:
         if stream.utterances and stream.utterances[0] is utterance:
             stream.pending.clear()  # only the head utterance has output in flight
             stream.resampler.reset()
-            end_pos = stream.ring.write_pos
             if utterance.announced:
+                end_pos = stream.ring.write_pos
                 self._publish_boundary(stream, utterance.seq, end_pos)
         if utterance in stream.utterances:
             stream.utterances.remove(utterance)
+        stream.failed.append(utterance.seq)
         self._on_event(
             stream.owner,
             UtteranceFailed(

@@ -111,7 +111,19 @@ class _Connection(asyncio.Protocol):
             self._protocol_error(str(exc))
             return
         for message in messages:
-            self._handle(message)
+            try:
+                self._handle(message)
+            except Exception:
+                # A bug here must not take every stream of this gateway down with it.
+                log.exception("control message %s failed", type(message).__name__)
+                if isinstance(message, OpenStream):
+                    self.send(
+                        StreamRejected(
+                            stream_id=message.stream_id,
+                            code="engine_error",
+                            message="the engine could not open the stream",
+                        )
+                    )
 
     def _protocol_error(self, reason: str) -> None:
         log.warning("control connection: %s", reason)

@@ -53,7 +53,7 @@ _CJK_PUNCTUATION = {
     "–": ",",
     "·": " ",
 }
-_DECORATIVE = set('*~^_`|\\<>{}[]"')
+_DECORATIVE = set('*~^_`|\\<>{}[]"※')
 _KEEP_SYMBOLS = set("#%$€£¥+@&=/'-:,.!?;()")
 
 SENTENCE_END = frozenset(".!?;")
@@ -84,18 +84,43 @@ def map_characters(text: str) -> str:
     return "".join(_keep(ch) for ch in unicodedata.normalize("NFKC", text))
 
 
-def normalize(text: str) -> str:
-    """Normalize ``text`` for synthesis; see the module docstring. Idempotent."""
+_EMPTY_BRACKETS = re.compile(r"\(\s*\)")
+# A run of pauses becomes one ", "; a comma between digits ("1,234") is left alone.
+_PAUSES = re.compile(r"\s*(?:(?<!\d),|,(?!\d))[\s,]*|\s+,[\s,]*")
+
+
+def _normalize_once(text: str) -> str:
     text = map_characters(text)
-    text = re.sub(r"\(\s*\)", " ", text)
-    text = re.sub(r"\s*,[\s,]*", ", ", text)  # collapse runs of pauses
+    while True:
+        stripped = _EMPTY_BRACKETS.sub(" ", text)
+        if stripped == text:
+            break
+        text = stripped
+    text = _PAUSES.sub(", ", text)
     text = _SPACES.sub(" ", text)
     return text.strip(" ,")
+
+
+def normalize(text: str) -> str:
+    """Normalize ``text`` for synthesis; see the module docstring. Idempotent.
+
+    Removing characters can create new sequences (brackets around nothing, a combining
+    mark meeting its base letter), so the steps repeat until nothing changes.
+    """
+    for _ in range(4):
+        again = _normalize_once(text)
+        if again == text:
+            break
+        text = again
+    return text
 
 
 _ABBREVIATIONS = frozenset(
     {"mr", "mrs", "ms", "dr", "st", "no", "vs", "etc", "e.g", "i.e", "jr", "sr", "prof", "inc"}
 )
+
+
+_LAST_WORD = re.compile(r"[A-Za-z][A-Za-z.]*$")
 
 
 def _is_boundary(text: str, i: int, ends: frozenset[str], *, final: bool) -> bool:
@@ -109,12 +134,12 @@ def _is_boundary(text: str, i: int, ends: frozenset[str], *, final: bool) -> boo
     if ch not in ends:
         return False
     after_cjk = i > 0 and bool(_CJK_CHAR.match(text[i - 1]))
-    if i + 1 >= len(text):
-        return final or ch != "." or after_cjk
+    if i + 1 >= len(text):  # "1," may become "1,234" and "10:" may become "10:30"
+        return final or after_cjk
     nxt = text[i + 1]
     if ch == ".":
-        word = text[:i].rsplit(" ", 1)[-1].lower()
-        if word in _ABBREVIATIONS:
+        word = _LAST_WORD.search(text, 0, i)
+        if word is not None and word.group(0).lower() in _ABBREVIATIONS:
             return False
     return after_cjk or nxt.isspace() or nxt in SENTENCE_END or nxt in CLAUSE_END
 
@@ -136,10 +161,11 @@ class SegmentSplitter:
     """
 
     max_segment_chars: int = 200
-    first_clause_min_chars: int = 4
+    first_clause_min_chars: int = 2
     clause_split_chars: int = 60
     _pending: str = ""
     _emitted: int = field(default=0)
+    _cut_speech: bool = field(default=False)  # a speakable piece was cut off already
 
     def feed(self, text: str) -> list[str]:
         self._pending += map_characters(text)
@@ -156,19 +182,19 @@ class SegmentSplitter:
         while i < len(text):
             length = i + 1 - start
             clause_min = (
-                self.first_clause_min_chars
-                if not (self._emitted or out)
-                else self.clause_split_chars
+                self.clause_split_chars if self._cut_speech else self.first_clause_min_chars
             )
             if _is_boundary(text, i, SENTENCE_END, final=final) or (
                 length >= clause_min and _is_boundary(text, i, CLAUSE_END, final=final)
             ):
                 out.append(text[start : i + 1])
+                self._cut_speech = self._cut_speech or _has_speech(out[-1])
                 start = i + 1
             elif length >= self.max_segment_chars:
                 cut = text.rfind(" ", start, i)
                 cut = cut if cut > start else i
                 out.append(text[start : cut + 1])
+                self._cut_speech = self._cut_speech or _has_speech(out[-1])
                 start = cut + 1
             i += 1
         rest = text[start:]
@@ -176,6 +202,23 @@ class SegmentSplitter:
             out.append(rest)
             rest = ""
         self._pending = rest
-        segments = [s for s in (normalize(seg) for seg in out) if _has_speech(s)]
+        segments = [
+            piece
+            for seg in out
+            for piece in _limit(normalize(seg), self.max_segment_chars)
+            if _has_speech(piece)
+        ]
         self._emitted += len(segments)
         return segments
+
+
+def _limit(segment: str, max_chars: int) -> list[str]:
+    """``segment`` cut at spaces (or hard) into pieces of at most ``max_chars``."""
+    pieces = []
+    while len(segment) > max_chars:
+        cut = segment.rfind(" ", 1, max_chars + 1)
+        cut = cut if cut > 0 else max_chars
+        pieces.append(segment[:cut].strip())
+        segment = segment[cut:].strip()
+    pieces.append(segment)
+    return pieces

@@ -36,7 +36,7 @@ ESPEAK_RATE = 1
 ESPEAK_PITCH = 3
 ESPEAK_RANGE = 4
 EE_OK = 0
-BUFFER_MS = 40
+BUFFER_MS = 200
 DEFAULT_RATE_WPM = 175
 MIN_RATE_WPM, MAX_RATE_WPM = 80, 450
 
@@ -73,7 +73,7 @@ class EspeakVoice:
 BUILTIN_VOICES: dict[str, tuple[str, str, str, str]] = {
     "en-us": ("en-us", "en-US", "English (US)", "male"),
     "en-us-f": ("en-us+f3", "en-US", "English (US), female", "female"),
-    "en-gb": ("en-gb", "en-GB", "English (UK)", "male"),
+    "en-gb": ("en", "en-GB", "English (UK)", "male"),
     "zh": ("cmn", "zh-CN", "Mandarin Chinese", "male"),
     "zh-f": ("cmn+f3", "zh-CN", "Mandarin Chinese, female", "female"),
     "yue": ("yue", "zh-HK", "Cantonese", "male"),
