@@ -37,6 +37,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--parent-pid", type=int, default=None, help="exit when this process goes away"
     )
+    parser.add_argument(
+        "--no-vad",
+        action="store_true",
+        default=os.environ.get("ENGINE_VAD") == "0",
+        help="do not load the caller-audio VAD model (no barge-in); ENGINE_VAD=0",
+    )
     parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
@@ -70,6 +76,11 @@ async def run_engine(args: argparse.Namespace) -> None:
     arena.reset_all()
     layout = EngineLayout(region, arena, args.slots, out_bytes, in_bytes)
     server = EngineServer(backend, layout)
+    if args.no_vad:
+        server.vad.load_error = "disabled (ENGINE_VAD=0)"
+    else:
+        # Before accepting gateways, so the first duplex call has VAD at once.
+        await asyncio.get_running_loop().run_in_executor(None, server.vad.load)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -31,6 +31,8 @@ from engine.schema import (
     Pong,
     ProtocolError,
     Speak,
+    SpeechEnded,
+    SpeechStarted,
     StreamClosed,
     StreamOpened,
     StreamRejected,
@@ -64,6 +66,8 @@ class StreamListener(Protocol):
     def on_utterance_audio(self, event: UtteranceAudio) -> None: ...
     def on_utterance_end(self, event: UtteranceEnd) -> None: ...
     def on_utterance_failed(self, event: UtteranceFailed) -> None: ...
+    def on_speech_started(self, event: SpeechStarted) -> None: ...
+    def on_speech_ended(self, event: SpeechEnded) -> None: ...
     def on_engine_lost(self) -> None: ...
 
 
@@ -93,19 +97,31 @@ class EngineStream:
             Speak(stream_id=self.stream_id, utterance=utterance, text=text, final=final)
         )
 
-    async def cancel(self, timeout: float = 2.0) -> int:
-        """Stop the engine's work; returns the ring position where cancelled audio ends.
-
-        Bytes before that position belong to cancelled work. Raises
-        :class:`EngineUnavailable` if the engine does not confirm in time.
-        """
-        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    def request_cancel(self, timeout: float = 2.0) -> asyncio.Future[int]:
+        """Stop the engine's work. The future resolves to the ring position where the
+        cancelled audio ends (bytes before it belong to cancelled work), or fails with
+        :class:`EngineUnavailable` if the engine does not confirm within ``timeout``."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[int] = loop.create_future()
         self._cancel_waiters.append(waiter)
-        self.client.send(Cancel(stream_id=self.stream_id))
         try:
-            return await asyncio.wait_for(waiter, timeout)
-        except TimeoutError:
-            raise EngineUnavailable("engine did not confirm cancel") from None
+            self.client.send(Cancel(stream_id=self.stream_id))
+        except EngineUnavailable as exc:
+            self._cancel_waiters.remove(waiter)
+            waiter.set_exception(exc)
+            return waiter
+
+        def expire() -> None:
+            if not waiter.done():
+                waiter.set_exception(EngineUnavailable("engine did not confirm cancel"))
+
+        handle = loop.call_later(timeout, expire)
+        waiter.add_done_callback(lambda _f: handle.cancel())
+        return waiter
+
+    async def cancel(self, timeout: float = 2.0) -> int:
+        """:meth:`request_cancel`, awaited."""
+        return await self.request_cancel(timeout)
 
     async def close(self, timeout: float = 2.0) -> None:
         """Release the slot. Safe to call more than once and after the engine is gone."""
@@ -128,7 +144,12 @@ class EngineStream:
             self.listener.on_utterance_end(message)
         elif isinstance(message, UtteranceFailed):
             self.listener.on_utterance_failed(message)
+        elif isinstance(message, SpeechStarted):
+            self.listener.on_speech_started(message)
+        elif isinstance(message, SpeechEnded):
+            self.listener.on_speech_ended(message)
         elif isinstance(message, Cancelled):
+            # Cancels are answered in order; one that timed out still consumes its answer.
             if self._cancel_waiters:
                 waiter = self._cancel_waiters.pop(0)
                 if not waiter.done():
@@ -300,6 +321,7 @@ class EngineClient(asyncio.Protocol):
         speed: float = 1.0,
         language: str | None = None,
         voice_profile: bytes | None = None,
+        input_sample_rate: int | None = None,
         timeout: float = 5.0,
     ) -> EngineStream:
         """Open a stream; raises :class:`EngineRejected` or :class:`EngineUnavailable`."""
@@ -315,6 +337,7 @@ class EngineClient(asyncio.Protocol):
                     speed=speed,
                     language=language,
                     voice_profile=voice_profile,
+                    input_sample_rate=input_sample_rate,
                 )
             )
             opened = await asyncio.wait_for(future, timeout)

@@ -59,6 +59,9 @@ class OpenStream(Message):
     language: str | None = None
     # Opaque, backend-specific voice profile (a later voice registry fills it).
     voice_profile: bytes | None = None
+    # Duplex: the gateway writes caller audio (16-bit PCM at this rate) into the slot's
+    # inbound ring and the engine runs VAD on it. None: no caller audio.
+    input_sample_rate: int | None = None
 
 
 class Speak(Message):
@@ -103,6 +106,7 @@ class Welcome(Message):
     native_sample_rate: int
     max_text_chars: int
     voices: tuple[VoiceInfo, ...]
+    vad: bool = False  # caller-audio VAD available
 
 
 class Pong(Message):
@@ -166,6 +170,18 @@ class Cancelled(Message):
     write_pos: int
 
 
+class SpeechStarted(Message):
+    """Caller speech began (VAD), ``audio_ms`` into the stream's caller audio."""
+
+    stream_id: int
+    audio_ms: int
+
+
+class SpeechEnded(Message):
+    stream_id: int
+    audio_ms: int
+
+
 class StreamClosed(Message):
     """The engine no longer touches the stream's slot."""
 
@@ -190,6 +206,8 @@ FromEngine = (
     | UtteranceFailed
     | Cancelled
     | StreamClosed
+    | SpeechStarted
+    | SpeechEnded
     | ProtocolError
 )
 

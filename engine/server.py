@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -37,6 +38,7 @@ from engine.schema import (
     encode,
 )
 from engine.shm import SharedRegion, SlotArena
+from engine.vad import SileroVad, VadModel, VadWorker
 
 log = logging.getLogger(__name__)
 SUPPORTED_RATES = frozenset({8000, 12000, 16000, 22050, 24000, 44100, 48000})
@@ -85,7 +87,6 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._greeted = False
         self.streams: dict[int, int] = {}  # stream_id -> slot
-        self.closing_slots: set[int] = set()
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -96,8 +97,7 @@ class _Connection(asyncio.Protocol):
         self.lost = True
         self._server.connections.discard(self)
         for slot in self.streams.values():
-            self.closing_slots.add(slot)
-            self._server.scheduler.close_stream(slot)
+            self._server.close_slot(slot)
         self.streams.clear()
 
     def send(self, message: Message) -> None:
@@ -169,8 +169,7 @@ class _Connection(asyncio.Protocol):
             if slot is None:
                 self.send(StreamClosed(stream_id=message.stream_id))
             else:
-                self.closing_slots.add(slot)
-                server.scheduler.close_stream(slot)
+                server.close_slot(slot)
         else:
             self._protocol_error(f"unexpected message {type(message).__name__}")
 
@@ -202,8 +201,25 @@ class _Connection(asyncio.Protocol):
         if slot is None:
             reject("overloaded", f"all {server.pool.size} engine slots are in use")
             return
+        if message.input_sample_rate is not None and (
+            message.input_sample_rate not in SUPPORTED_RATES
+        ):
+            server.pool.release(slot)
+            reject("unsupported_format", f"input rate {message.input_sample_rate} not supported")
+            return
         server.layout.arena.reset_slot(slot)
         self.streams[message.stream_id] = slot
+        holds = 1
+        if message.input_sample_rate is not None:
+            holds += 1
+            server.vad.add(
+                slot=slot,
+                stream_id=message.stream_id,
+                owner=self,
+                ring=server.layout.arena.inbound(slot),
+                sample_rate=message.input_sample_rate,
+            )
+        server.holds[slot] = holds
         server.scheduler.open_stream(
             slot=slot,
             stream_id=message.stream_id,
@@ -219,10 +235,18 @@ class _Connection(asyncio.Protocol):
 class EngineServer:
     """Owns the slot pool, the scheduler and the control socket."""
 
-    def __init__(self, backend: Backend, layout: EngineLayout) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        layout: EngineLayout,
+        *,
+        vad_model_factory: Callable[[], VadModel] | None = None,
+    ) -> None:
         self.backend = backend
         self.layout = layout
         self.pool = SlotPool(layout.slots)
+        # Threads still using a closing slot (scheduler, VAD): freed when it reaches 0.
+        self.holds: dict[int, int] = {}
         self.connections: set[_Connection] = set()
         self.scheduler = Scheduler(
             backend,
@@ -230,8 +254,14 @@ class EngineServer:
             max_text_chars=backend.max_text_chars,
             tap_directory=os.environ.get("ENGINE_PCM_TAP_DIR") or None,
         )
+        self.vad = VadWorker(
+            self._from_worker,
+            slots=layout.slots,
+            on_released=self._vad_released,
+            model_factory=vad_model_factory or SileroVad,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._outbox: deque[tuple[object, Message]] = deque()
+        self._outbox: deque[Callable[[], None]] = deque()
         self._relay_scheduled = False
         self._server: asyncio.AbstractServer | None = None
 
@@ -248,11 +278,13 @@ class EngineServer:
             native_sample_rate=self.backend.native_sample_rate,
             max_text_chars=self.backend.max_text_chars,
             voices=tuple(self.backend.voices()),
+            vad=self.vad.load_error is None,
         )
 
     async def start(self, socket_path: str) -> None:
         self._loop = asyncio.get_running_loop()
         self.scheduler.start()
+        self.vad.start()
         if os.path.exists(socket_path):
             os.unlink(socket_path)
         self._server = await self._loop.create_unix_server(
@@ -264,22 +296,43 @@ class EngineServer:
         if self._server is not None:
             self._server.close()
         self.scheduler.stop()
+        self.vad.stop()
 
-    # Events come from the worker thread; they are relayed to the loop in batches.
-    def _from_worker(self, owner: object, message: Message) -> None:
-        self._outbox.append((owner, message))
+    def close_slot(self, slot: int) -> None:
+        """Stop all work on ``slot``; it returns to the pool once every thread let go."""
+        self.scheduler.close_stream(slot)
+        if self.holds.get(slot, 1) > 1:
+            self.vad.remove(slot)
+
+    def _let_go(self, slot: int) -> None:
+        remaining = self.holds.get(slot, 1) - 1
+        if remaining > 0:
+            self.holds[slot] = remaining
+            return
+        self.holds.pop(slot, None)
+        self.pool.release(slot)
+
+    # Worker threads hand results to the loop through one batched relay.
+    def _post(self, action: Callable[[], None]) -> None:
+        self._outbox.append(action)
         if not self._relay_scheduled and self._loop is not None:
             self._relay_scheduled = True
             self._loop.call_soon_threadsafe(self._relay)
 
+    def _from_worker(self, owner: object, message: Message) -> None:
+        self._post(lambda: self._deliver(owner, message))
+
+    def _vad_released(self, slot: int) -> None:
+        self._post(lambda: self._let_go(slot))
+
+    def _deliver(self, owner: object, message: Message) -> None:
+        assert isinstance(owner, _Connection)
+        if isinstance(message, StreamClosed) and message.slot is not None:
+            self._let_go(message.slot)  # the scheduler no longer writes to the slot
+        if not owner.lost:
+            owner.send(message)
+
     def _relay(self) -> None:
         self._relay_scheduled = False
         while self._outbox:
-            owner, message = self._outbox.popleft()
-            assert isinstance(owner, _Connection)
-            if isinstance(message, StreamClosed) and message.slot is not None:
-                # The worker has stopped writing to the slot: it may be reused.
-                owner.closing_slots.discard(message.slot)
-                self.pool.release(message.slot)
-            if not owner.lost:
-                owner.send(message)
+            self._outbox.popleft()()

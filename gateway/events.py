@@ -54,6 +54,34 @@ class ErrorEvent:
     utterance_id: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class CallStarted:
+    call_id: str
+    protocol: str
+    custom_parameters: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Dtmf:
+    digit: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallEnded:
+    call_id: str
+    reason: str
+
+
+CallEvent = CallStarted | Dtmf | CallEnded
 SessionEvent = (
-    Ready | UtteranceStarted | UtteranceDone | MarkReached | Cleared | BargeIn | ErrorEvent
+    Ready
+    | UtteranceStarted
+    | UtteranceDone
+    | MarkReached
+    | Cleared
+    | BargeIn
+    | ErrorEvent
+    | CallStarted
+    | Dtmf
+    | CallEnded
 )

@@ -79,6 +79,17 @@ class GatewayMetrics:
             ["code"],
             registry=r,
         )
+        self.barge_ins = Counter(
+            "gateway_barge_ins_total",
+            "Playback stopped because the caller started speaking, by protocol.",
+            ["protocol"],
+            registry=r,
+        )
+        self.caller_audio_dropped = Counter(
+            "gateway_caller_audio_dropped_bytes_total",
+            "Caller audio dropped because the engine's inbound ring was full.",
+            registry=r,
+        )
         self.engine_ready = Gauge(
             "gateway_engine_ready", "1 when the engine is connected and healthy.", registry=r
         )

@@ -28,9 +28,15 @@ from typing import Literal, Protocol
 
 from engine.boundaries import BoundaryReader
 from engine.client import EngineClient, EngineRejected, EngineStream, EngineUnavailable
-from engine.schema import UtteranceAudio, UtteranceEnd, UtteranceFailed
+from engine.schema import (
+    SpeechEnded,
+    SpeechStarted,
+    UtteranceAudio,
+    UtteranceEnd,
+    UtteranceFailed,
+)
 from gateway.errors import CloseCode, SessionError
-from gateway.events import Cleared, ErrorEvent, Ready, SessionEvent
+from gateway.events import BargeIn, Cleared, ErrorEvent, Ready, SessionEvent
 from gateway.formats import AudioFormat, FrameEncoder
 from gateway.metrics import GatewayMetrics
 from gateway.playback import FrameStatus, Playback
@@ -190,6 +196,9 @@ class Session:
                 speed=options.speed,
                 language=options.language,
                 listener=self,
+                input_sample_rate=(
+                    options.input_format.sample_rate if options.input_format else None
+                ),
             )
         except EngineRejected as exc:
             self._transition(SessionState.CLOSED, exc.code)
@@ -284,22 +293,73 @@ class Session:
         playback.enqueue_mark(name)
         self._pacer.wake(self)
 
-    async def clear(self) -> None:
-        """Barge-in: stop audio now, drop everything queued, cancel the engine's work."""
-        stream, playback = self._require_active()
+    def clear(self) -> None:
+        """``clear``: stop audio now, drop everything queued, cancel the engine's work."""
+        self._require_active()
+        self._interrupt(Cleared())
+
+    def _interrupt(self, reason: Cleared | BargeIn) -> None:
+        """Stop playback before the next frame and cancel the engine's work.
+
+        The peer gets the dropped marks (``cleared``) and then ``reason``. No frame is
+        sent until the engine confirms where the cancelled audio ends in the ring.
+        """
+        stream, playback = self.stream, self.playback
+        if stream is None or playback is None:
+            return
         self._open = None
         for event in playback.clear():
             self._peer.send_event(event)
-        self._peer.send_event(Cleared())
+        self._peer.send_event(reason)
         self._starving = False
         self._run_base, self._run_index = 0.0, 0  # the peer dropped its buffer
+        cancelled = stream.request_cancel(self._limits.cancel_timeout_s)
+
+        def confirmed(future: asyncio.Future[int]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                playback.cancel_failed()  # the engine is gone: on_engine_lost ends us
+                return
+            playback.on_cancelled(stream.outbound, future.result())
+            self._pacer.wake(self)
+
+        cancelled.add_done_callback(confirmed)
+
+    # --- caller audio (duplex) ----------------------------------------------------------
+
+    def feed_caller_audio(self, data: bytes) -> None:
+        """Caller audio in the session's ``input_format``: to the engine's VAD.
+
+        Raises :class:`SessionError` (``unexpected_binary``) when the session has no
+        input format. Audio that does not fit the inbound ring (the engine is behind) is
+        dropped and counted, never queued without bound.
+        """
+        stream, options = self.stream, self.options
+        if stream is None or options is None or options.input_format is None:
+            raise SessionError("unexpected_binary", "this session has no input_format")
         try:
-            write_pos = await stream.cancel(self._limits.cancel_timeout_s)
-        except EngineUnavailable:
-            playback.cancel_failed()
-            return  # on_engine_lost ends the session
-        playback.on_cancelled(stream.outbound, write_pos)
-        self._pacer.wake(self)
+            pcm = options.input_format.decode_input(data)
+        except ValueError as exc:
+            raise SessionError("invalid_audio", str(exc)) from None
+        written = stream.inbound.write(pcm)
+        if written < len(pcm):
+            self._metrics.caller_audio_dropped.inc(len(pcm) - written)
+
+    @property
+    def playing(self) -> bool:
+        """Audio is queued or being sent (what barge-in interrupts)."""
+        return self.playback is not None and not self.playback.idle
+
+    def on_speech_started(self, event: SpeechStarted) -> None:
+        options = self.options
+        if options is None or not self.started:
+            return
+        if options.barge_in and self.playing:
+            log.info("session %s: barge-in at %d ms of caller audio", self.id, event.audio_ms)
+            self._metrics.barge_ins.labels(protocol=self.protocol).inc()
+            self._interrupt(BargeIn())
+
+    def on_speech_ended(self, event: SpeechEnded) -> None:
+        pass
 
     def request_close(self) -> None:
         """``close``: finish what is queued, then close normally."""

@@ -11,6 +11,7 @@ from engine.client import EngineClient, EngineUnavailable
 from engine.schema import VoiceInfo
 from engine.supervisor import EngineSupervisor
 from gateway.auth import AuthError, Principal, TokenVerifier, token_from_request
+from gateway.calls import CallRegistry
 from gateway.config import GatewaySettings
 from gateway.metrics import GatewayMetrics
 from gateway.pacer import Pacer
@@ -28,7 +29,7 @@ class GatewayState:
     supervisor: EngineSupervisor
     voices: tuple[VoiceInfo, ...] = ()
     engine_max_text_chars: int = 5000
-    sessions: set[object] = field(default_factory=set)
+    calls: CallRegistry = field(default_factory=CallRegistry)
 
     def engine_client(self) -> EngineClient:
         client = self.supervisor.client

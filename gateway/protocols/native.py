@@ -20,10 +20,14 @@ import msgspec
 from aiohttp import WSMsgType, web
 
 from gateway.auth import AuthError, Principal
+from gateway.calls import Call
 from gateway.errors import CloseCode, ProtocolViolation, SessionError
 from gateway.events import (
     BargeIn,
+    CallEnded,
+    CallStarted,
     Cleared,
+    Dtmf,
     ErrorEvent,
     MarkReached,
     Ready,
@@ -56,6 +60,7 @@ class StartMsg(_Msg, tag="start"):
     pacing: Literal["realtime", "burst"] = "realtime"
     input_format: str | None = None
     barge_in: bool | None = None
+    call: str | None = None  # attach to a telephony call instead of opening a stream
 
 
 class SpeakMsg(_Msg, tag="speak"):
@@ -80,7 +85,11 @@ class CloseMsg(_Msg, tag="close"):
     pass
 
 
-ClientMessage = StartMsg | SpeakMsg | FlushMsg | ClearMsg | MarkMsg | CloseMsg
+class HangupMsg(_Msg, tag="hangup"):
+    pass
+
+
+ClientMessage = StartMsg | SpeakMsg | FlushMsg | ClearMsg | MarkMsg | CloseMsg | HangupMsg
 _BY_TYPE: dict[str, type[ClientMessage]] = {
     "start": StartMsg,
     "speak": SpeakMsg,
@@ -88,6 +97,7 @@ _BY_TYPE: dict[str, type[ClientMessage]] = {
     "clear": ClearMsg,
     "mark": MarkMsg,
     "close": CloseMsg,
+    "hangup": HangupMsg,
 }
 _json_encoder = msgspec.json.Encoder()
 
@@ -157,13 +167,27 @@ def encode_event(event: SessionEvent) -> str:
         body = {"type": "error", "code": event.code, "message": event.message}
         if event.utterance_id is not None:
             body["utterance_id"] = event.utterance_id
+    elif isinstance(event, CallStarted):
+        body = {
+            "type": "call_started",
+            "call_id": event.call_id,
+            "protocol": event.protocol,
+            "custom_parameters": event.custom_parameters,
+        }
+    elif isinstance(event, Dtmf):
+        body = {"type": "dtmf", "digit": event.digit}
+    elif isinstance(event, CallEnded):
+        body = {"type": "call_ended", "call_id": event.call_id, "reason": event.reason}
     else:  # pragma: no cover - exhaustive
         raise TypeError(f"no wire form for {event!r}")
     return _json_encoder.encode(body).decode()
 
 
 def start_options(message: StartMsg, state: GatewayState) -> StartOptions:
-    """Validate ``start``; raises a fatal :class:`SessionError` for what cannot start."""
+    """Validate ``start``; raises a fatal :class:`SessionError` for what cannot start.
+
+    ``barge_in`` defaults to on when the session sends caller audio (``input_format``).
+    """
     if message.format is None:
         raise ProtocolViolation("invalid_message", "start: format is required", CloseCode.POLICY)
     fmt = FORMATS.get(message.format)
@@ -190,7 +214,7 @@ def start_options(message: StartMsg, state: GatewayState) -> StartOptions:
         speed=message.speed,
         pacing=message.pacing,
         input_format=input_fmt,
-        barge_in=bool(message.barge_in),
+        barge_in=message.barge_in if message.barge_in is not None else input_fmt is not None,
     )
 
 
@@ -209,6 +233,7 @@ class NativeConnection:
         self._writer = writer
         self._state = state
         self._principal = who
+        self.call: Call | None = None  # set when attached to a telephony call
         self.session = Session(
             peer=self,
             engine=state.engine_client,
@@ -229,6 +254,31 @@ class NativeConnection:
     def backlogged(self) -> bool:
         return self._writer.backlogged()
 
+    # CallSubscriber
+    def on_call_event(self, event: SessionEvent) -> None:
+        self.send_event(event)
+        if isinstance(event, CallEnded):
+            self.session.finish(CloseCode.NORMAL, "call ended")
+
+    @property
+    def target(self) -> Session:
+        """The session commands act on: the call's when attached, else our own."""
+        return self.call.session if self.call is not None else self.session
+
+    def _attach(self, call_id: str) -> None:
+        call = self._state.calls.get(call_id, self._principal.tenant)
+        if call is None:
+            raise SessionError("unknown_call", f"no call {call_id!r}", CloseCode.POLICY)
+        self.call = call
+        call.subscribers.add(self)
+        session = call.session
+        fmt = session.options.format if session.options else None
+        self.send_event(
+            Ready(session.id, fmt.name if fmt else "", fmt.sample_rate if fmt else 0, 20)
+        )
+        self.send_event(CallStarted(call.call_id, call.protocol, dict(call.custom_parameters)))
+        log.info("session %s attached to call %s", self.session.id, call.call_id)
+
     async def run(self) -> None:
         session = self.session
         metrics = self._state.metrics
@@ -246,6 +296,8 @@ class NativeConnection:
             with contextlib.suppress(asyncio.CancelledError):
                 await receiver
             self._writer.closed = True
+            if self.call is not None:
+                self.call.subscribers.discard(self)
             await session.aclose("socket closed")
             metrics.sessions_active.labels(protocol=self.protocol).dec()
 
@@ -296,19 +348,34 @@ class NativeConnection:
             session.fail(exc)
 
     async def _dispatch(self, message: ClientMessage) -> None:
-        session = self.session
+        own = self.session
         if isinstance(message, StartMsg):
-            if session.state.value != "awaiting_start":
+            if own.state.value != "awaiting_start" or self.call is not None:
                 raise ProtocolViolation("already_started", "start was already received")
-            await session.start(start_options(message, self._state))
-        elif not session.started and not isinstance(message, CloseMsg):
+            if message.call is not None:
+                self._attach(message.call)
+            else:
+                await own.start(start_options(message, self._state))
+            return
+        if isinstance(message, CloseMsg) and self.call is not None:
+            own.finish(CloseCode.NORMAL, "detached")  # the call goes on without us
+            return
+        if isinstance(message, HangupMsg):
+            if self.call is None:
+                raise ProtocolViolation("not_attached", "hangup needs a call (start.call)")
+            self.call.hangup()
+            return
+        session = self.target
+        if not session.started and not isinstance(message, CloseMsg):
+            if self.call is not None:
+                raise SessionError("call_not_active", "the call is not active")
             raise ProtocolViolation("not_started", "send start first", CloseCode.POLICY)
-        elif isinstance(message, SpeakMsg):
+        if isinstance(message, SpeakMsg):
             session.speak(message.text, message.utterance_id, flush=message.flush)
         elif isinstance(message, FlushMsg):
             session.flush(message.utterance_id)
         elif isinstance(message, ClearMsg):
-            await session.clear()
+            session.clear()
         elif isinstance(message, MarkMsg):
             session.mark(message.name)
         elif isinstance(message, CloseMsg):
@@ -319,11 +386,10 @@ class NativeConnection:
         if not session.started:
             session.fail(ProtocolViolation("not_started", "binary before start", CloseCode.POLICY))
             return
-        options = session.options
-        if options is None or options.input_format is None:
-            session.fail(ProtocolViolation("unexpected_binary", "this session has no input_format"))
-            return
-        # Caller audio: the duplex path is built by the telephony issue.
+        try:
+            session.feed_caller_audio(data)
+        except SessionError as exc:
+            session.fail(exc)
 
 
 async def handle_stream(request: web.Request) -> web.StreamResponse:

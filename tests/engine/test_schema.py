@@ -24,6 +24,8 @@ from engine.schema import (
     Pong,
     ProtocolError,
     Speak,
+    SpeechEnded,
+    SpeechStarted,
     StreamClosed,
     StreamOpened,
     StreamRejected,
@@ -97,6 +99,8 @@ FROM_ENGINE: list[Message] = [
     Cancelled(stream_id=1, write_pos=2**63 - 1),
     StreamClosed(stream_id=1),
     StreamClosed(stream_id=1, slot=0),
+    SpeechStarted(stream_id=1, audio_ms=320),
+    SpeechEnded(stream_id=1, audio_ms=1600),
     ProtocolError(message="Hello expected first"),
 ]
 

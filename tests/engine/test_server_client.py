@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine.backends.base import PcmChunk, VoiceSettings
@@ -27,6 +28,8 @@ from engine.schema import (
     OpenStream,
     Ping,
     ProtocolError,
+    SpeechEnded,
+    SpeechStarted,
     StreamClosed,
     StreamOpened,
     StreamRejected,
@@ -94,7 +97,7 @@ async def start_engine(tmp_path: Path) -> AsyncIterator[StartEngine]:
         layout = EngineLayout(region, arena, slots, OUT_RING, IN_RING)
         backend = SyntheticBackend()
         backend.rtf = rtf  # seconds of compute per second of audio
-        server = EngineServer(backend, layout)
+        server = EngineServer(backend, layout, vad_model_factory=LoudnessVad)
         socket_path, short = _socket_path(tmp_path)
         if short is not None:
             short_dirs.append(short)
@@ -121,12 +124,27 @@ async def start_engine(tmp_path: Path) -> AsyncIterator[StartEngine]:
             os.rmdir(short)
 
 
+class LoudnessVad:
+    """A stand-in VAD model: a window is speech when it is loud (tests the wiring)."""
+
+    def step(self, windows: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rms = np.sqrt((windows[:, 32:] ** 2).mean(axis=1))
+        return (rms > 0.05).astype(np.float32), state
+
+
 @dataclass
 class Listener:
     audio: list[UtteranceAudio] = field(default_factory=list)
     ends: list[UtteranceEnd] = field(default_factory=list)
     failures: list[UtteranceFailed] = field(default_factory=list)
+    speech: list[SpeechStarted | SpeechEnded] = field(default_factory=list)
     lost: int = 0
+
+    def on_speech_started(self, event: SpeechStarted) -> None:
+        self.speech.append(event)
+
+    def on_speech_ended(self, event: SpeechEnded) -> None:
+        self.speech.append(event)
 
     def on_utterance_audio(self, event: UtteranceAudio) -> None:
         self.audio.append(event)
@@ -544,3 +562,25 @@ async def test_server_side_close_reaches_the_streams(start_engine):
 async def test_connect_to_missing_socket(tmp_path):
     with pytest.raises(OSError):
         await EngineClient.connect(str(tmp_path / "nobody.sock"), timeout=1.0)
+
+
+async def test_duplex_stream_reports_caller_speech_and_frees_its_slot(start_engine):
+    engine = await start_engine(slots=2)
+    client = await engine.connect()
+    listener = Listener()
+    stream = await open_stream(client, listener, input_sample_rate=8000)
+    loud = (np.sin(np.arange(8000) / 3) * 12000).astype("<i2").tobytes()
+    quiet = bytes(16000)
+    for chunk in (quiet, loud, quiet, quiet):  # 1 s each, at four times real time
+        for i in range(0, len(chunk), 320):
+            assert stream.inbound.write(chunk[i : i + 320]) == 320
+            await asyncio.sleep(0.005)
+    await until(lambda: len(listener.speech) >= 2, timeout=10)
+    started, ended = listener.speech[:2]
+    assert isinstance(started, SpeechStarted) and isinstance(ended, SpeechEnded)
+    assert 1000 <= started.audio_ms <= 1200  # three 32 ms windows after the onset
+    assert 2000 <= ended.audio_ms <= 2500
+    await stream.close()
+    await until(lambda: engine.server.pool.in_use == 0)  # VAD and scheduler let go
+    again = [await open_stream(client) for _ in range(2)]
+    assert sorted(s.slot for s in again) == [0, 1]

@@ -94,20 +94,35 @@ class FakeStream:
         self.cancel_error: Exception | None = None
         self.cancels = 0
         self.closed = 0
+        self._answers: set[asyncio.Task[None]] = set()
 
     def speak(self, utterance: int, text: str, *, final: bool) -> None:
         self.speaks.append((utterance, text, final))
 
-    async def cancel(self, timeout: float = 2.0) -> int:
+    def request_cancel(self, timeout: float = 2.0) -> asyncio.Future[int]:
         self.cancels += 1
-        if self.cancel_gate is not None:
-            await self.cancel_gate.wait()
-        if self.cancel_error is not None:
-            raise self.cancel_error
-        return self.outbound.write_pos
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+
+        async def answer() -> None:
+            if self.cancel_gate is not None:
+                await self.cancel_gate.wait()
+            if self.cancel_error is not None:
+                future.set_exception(self.cancel_error)
+            else:
+                future.set_result(self.outbound.write_pos)
+
+        self._answers.add(loop.create_task(answer()))
+        return future
 
     async def close(self, timeout: float = 2.0) -> None:
         self.closed += 1
+
+
+async def settle() -> None:
+    """Let callbacks and answer tasks scheduled on the loop run."""
+    for _ in range(5):
+        await asyncio.sleep(0)
 
 
 class FakeClient:
@@ -267,6 +282,7 @@ async def test_start_opens_the_stream_and_sends_ready():
             "speed": 1.25,
             "language": "en",
             "listener": h.session,
+            "input_sample_rate": None,
         }
     ]
     assert h.peer.event_list() == [Ready(h.session.id, "mulaw_8000", 8000, 20)]
@@ -513,8 +529,7 @@ async def test_clear_reports_marks_then_cleared_and_drops_old_audio():
     assert sent_before > 0
 
     h.stream.cancel_gate = asyncio.Event()
-    clearing = asyncio.create_task(h.session.clear())
-    await asyncio.sleep(0)  # clear() runs up to the engine's cancel
+    h.session.clear()  # playback stops at once; the engine's confirmation comes later
     assert h.peer.event_list()[-3:] == [
         MarkReached("m1", cleared=True),
         MarkReached("m2", cleared=True),
@@ -525,7 +540,7 @@ async def test_clear_reports_marks_then_cleared_and_drops_old_audio():
     n_events = len(h.peer.events)
     assert h.tick(20) == 0
     h.stream.cancel_gate.set()
-    await clearing
+    await settle()
     assert h.stream.cancels == 1
     # ... and after it, every byte written before the cancel is discarded.
     assert h.ring.read_pos == h.ring.write_pos
@@ -547,7 +562,8 @@ async def test_clear_reports_marks_then_cleared_and_drops_old_audio():
 
 async def test_clear_with_nothing_queued_sends_only_cleared():
     h = await started()
-    await h.session.clear()
+    h.session.clear()
+    await settle()
     assert h.peer.event_list()[1:] == [Cleared()]
     assert h.stream.cancels == 1
 
@@ -556,7 +572,8 @@ async def test_clear_drops_the_open_utterance():
     h = await started()
     h.session.speak("Hello", flush=False)
     open_seq = h.last_seq()
-    await h.session.clear()
+    h.session.clear()
+    await settle()
     h.session.speak("World")
     assert h.last_seq() != open_seq
     assert h.stream.speaks[-1][1:] == ("World", True)
@@ -566,7 +583,8 @@ async def test_clear_when_cancel_fails_does_not_block_forever():
     h = await started()
     h.session.speak("One.")
     h.stream.cancel_error = EngineUnavailable("no answer")
-    await h.session.clear()
+    h.session.clear()
+    await settle()
     h.session.speak("Two.")
     new = pcm(1, seed=4)
     h.produce(h.last_seq(), new)
@@ -665,7 +683,8 @@ async def test_speak_before_start_is_not_started():
         assert info.value.code == "not_started"
         assert info.value.close_code == CloseCode.POLICY
     with pytest.raises(SessionError) as info:
-        await h.session.clear()
+        h.session.clear()
+    await settle()
     assert info.value.code == "not_started"
 
 

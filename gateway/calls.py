@@ -1,0 +1,82 @@
+"""Telephony calls, and IVR applications attached to them.
+
+A telephony leg (a Twilio media stream, an Asterisk chan_websocket channel) is a
+:class:`Call` with an id (Twilio ``callSid``, Asterisk channel id) and a
+:class:`gateway.session.Session` that speaks into it. An IVR application attaches with a
+native-protocol ``start`` carrying ``"call": "<id>"``: its ``speak``/``clear``/``mark``
+then act on the call's session, ``hangup`` ends the call, and it receives the call's
+events (``call_started``, ``dtmf``, ``barge_in``, ``call_ended`` and the session's
+utterance, mark and error events).
+
+Calls are per gateway worker: the application must reach the worker holding the call
+(route on the call id at the load balancer when running several).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from gateway.events import SessionEvent
+
+if TYPE_CHECKING:
+    from gateway.session import Session
+
+log = logging.getLogger(__name__)
+MAX_CALL_ID_CHARS = 128
+
+
+class CallSubscriber(Protocol):
+    def on_call_event(self, event: SessionEvent) -> None: ...
+
+
+class CallIdInUse(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class Call:
+    call_id: str
+    protocol: str
+    tenant: str
+    custom_parameters: dict[str, str]
+    session: Session
+    hangup: Callable[[], None]
+    subscribers: set[CallSubscriber] = field(default_factory=set)
+
+    def publish(self, event: SessionEvent) -> None:
+        """Deliver ``event`` to every attached application."""
+        for subscriber in list(self.subscribers):
+            try:
+                subscriber.on_call_event(event)
+            except Exception:
+                log.exception("call %s: subscriber failed", self.call_id)
+                self.subscribers.discard(subscriber)
+
+
+class CallRegistry:
+    """The calls of one gateway worker, by id."""
+
+    def __init__(self) -> None:
+        self._calls: dict[str, Call] = {}
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def register(self, call: Call) -> None:
+        if call.call_id in self._calls:
+            raise CallIdInUse(call.call_id)
+        self._calls[call.call_id] = call
+
+    def unregister(self, call: Call) -> None:
+        if self._calls.get(call.call_id) is call:
+            del self._calls[call.call_id]
+
+    def get(self, call_id: str, tenant: str) -> Call | None:
+        """The call, if it exists and belongs to ``tenant`` (others' calls do not exist)."""
+        call = self._calls.get(call_id)
+        if call is None or call.tenant != tenant:
+            return None
+        return call
