@@ -29,7 +29,8 @@ from engine.vad import CONTEXT, STATE_SIZE, WINDOW, SileroVad, VadWorker
 def speechlike(samples: int, rng: np.random.Generator) -> bytes:
     t = np.arange(samples) / 8000
     tone = np.sin(2 * np.pi * 180 * t) * 4000 * (1 + np.sin(2 * np.pi * 3 * t))
-    return (tone + rng.standard_normal(samples) * 300).astype("<i2").tobytes()
+    pcm: bytes = (tone + rng.standard_normal(samples) * 300).astype("<i2").tobytes()
+    return pcm
 
 
 def batched(model: SileroVad, streams: int, seconds: float) -> float:
@@ -59,8 +60,9 @@ def unbatched(model: SileroVad, streams: int, seconds: float) -> float:
     """CPU seconds per 32 ms tick with one model call per stream (batch of 1)."""
     rng = np.random.default_rng(1)
     windows = [
-        np.frombuffer(speechlike(CONTEXT + WINDOW, rng), dtype="<i2").astype(np.float32)[None, :]
-        / 32768
+        (np.frombuffer(speechlike(CONTEXT + WINDOW, rng), dtype="<i2") / 32768)
+        .astype(np.float32)
+        .reshape(1, -1)
         for _ in range(min(streams, 64))
     ]
     state = np.zeros((2, 1, STATE_SIZE), dtype=np.float32)
