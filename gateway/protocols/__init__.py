@@ -10,10 +10,12 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.protocols import native
+from gateway.protocols import asterisk, native, twilio
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PROTOCOLS: dict[str, Handler] = {
     "/v1/stream": native.handle_stream,
+    "/v1/twilio": twilio.handle_twilio,
+    "/v1/asterisk": asterisk.handle_asterisk,
 }

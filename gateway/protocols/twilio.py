@@ -1,0 +1,97 @@
+"""``GET /v1/twilio``: Twilio bidirectional Media Streams, the gateway as the WebSocket
+server a ``<Connect><Stream>`` connects to.
+
+Wire format: ``telephony/twilio.py`` (Twilio "Media Streams - WebSocket Messages").
+Twilio cannot set headers: the JWT comes as the ``access_token`` query parameter or as
+``start.customParameters.token``; a leg without a valid token is closed with 1008 before
+any audio flows. Custom parameters ``say`` (text spoken at once) and ``voice`` drive the
+simplest notification call. Outbound media is paced in real time by the worker's pacer.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from gateway.errors import CloseCode
+from gateway.protocols.telephony import LegClosed, TelephonyLeg
+from gateway.state import STATE_KEY
+from gateway.wsframe import FrameWriter
+from telephony.twilio import (
+    TwilioConnection,
+    TwilioDtmf,
+    TwilioError,
+    TwilioMark,
+    TwilioMedia,
+    TwilioStart,
+    TwilioStop,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TwilioLeg(TelephonyLeg):
+    protocol = "twilio"
+
+    def __init__(self, *args: object, request: web.Request, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._request = request
+        self._core = TwilioConnection()
+
+    def vendor_media(self, frame: bytes) -> None:
+        self._writer.send_text(self._core.send_media(frame))
+
+    def vendor_mark(self, vendor_id: str) -> None:
+        self._writer.send_text(self._core.send_mark(vendor_id))
+
+    def vendor_clear(self) -> list[str]:
+        # Twilio echoes every pending mark after a clear; the core flags them cleared.
+        self._writer.send_text(self._core.send_clear())
+        return []
+
+    def vendor_hangup(self) -> None:
+        pass  # a media stream cannot hang up the call: closing the stream ends our leg
+
+    async def handle_binary(self, data: bytes) -> None:
+        raise LegClosed(CloseCode.POLICY, "twilio_unexpected_binary")
+
+    async def handle_text(self, text: str) -> None:
+        try:
+            events = self._core.receive_text(text)
+        except TwilioError as exc:
+            raise LegClosed(CloseCode.POLICY, f"twilio_{exc.code}") from None
+        for event in events:
+            if isinstance(event, TwilioMedia):
+                if event.track in ("inbound", "inbound_track") and self.session.started:
+                    self.session.feed_caller_audio(event.payload)
+            elif isinstance(event, TwilioStart):
+                self.authenticate(event.token, self._request)
+                await self.start_call(
+                    call_id=event.call_sid,
+                    format_name="mulaw_8000",
+                    parameters=dict(event.custom_parameters),
+                )
+            elif isinstance(event, TwilioDtmf):
+                self.dtmf(event.digit)
+            elif isinstance(event, TwilioMark):
+                self.vendor_mark_done(event.name, cleared=event.cleared)
+            elif isinstance(event, TwilioStop):
+                self.session.finish(CloseCode.NORMAL, "stop")
+
+
+async def handle_twilio(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    ws = web.WebSocketResponse(
+        max_msg_size=state.settings.max_message_bytes,
+        compress=False,
+        heartbeat=state.settings.ws_heartbeat_s,
+    )
+    if not ws.can_prepare(request).ok:
+        return web.json_response({"error": {"code": "websocket_required"}}, status=426)
+    await ws.prepare(request)
+    if request.transport is None:
+        return ws
+    leg = TwilioLeg(ws, FrameWriter(request.transport), state, request=request)
+    await leg.run()
+    return ws
