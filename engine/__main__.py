@@ -75,7 +75,13 @@ async def run_engine(args: argparse.Namespace) -> None:
     arena = SlotArena(region, args.slots, out_bytes, in_bytes)
     arena.reset_all()
     layout = EngineLayout(region, arena, args.slots, out_bytes, in_bytes)
-    server = EngineServer(backend, layout)
+    settings = EngineSettings.from_env(os.environ)
+    server = EngineServer(
+        backend,
+        layout,
+        memory_budget_bytes=settings.memory_budget_mb << 20,
+        memory_reject_fraction=settings.memory_reject_percent / 100,
+    )
     if args.no_vad:
         server.vad.load_error = "disabled (ENGINE_VAD=0)"
     else:

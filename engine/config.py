@@ -38,6 +38,8 @@ class EngineSettings:
     out_ring_kib: int = 128
     in_ring_kib: int = 32
     shm_directory: str = "/dev/shm"
+    memory_budget_mb: int = 4096
+    memory_reject_percent: int = 85
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> EngineSettings:
@@ -48,4 +50,6 @@ class EngineSettings:
             out_ring_kib=env_int(env, "ENGINE_OUT_RING_KIB", 128, minimum=4),
             in_ring_kib=env_int(env, "ENGINE_IN_RING_KIB", 32, minimum=4),
             shm_directory=env.get("ENGINE_SHM_DIR", "/dev/shm") or "/dev/shm",
+            memory_budget_mb=env_int(env, "ENGINE_MEMORY_BUDGET_MB", 4096, minimum=1),
+            memory_reject_percent=env_int(env, "ENGINE_MEMORY_REJECT_PERCENT", 85, minimum=1),
         )

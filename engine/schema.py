@@ -114,6 +114,10 @@ class Pong(Message):
     active_streams: int
     queued_utterances: int
     rss_bytes: int
+    gpu_used_bytes: int = 0
+    gpu_total_bytes: int = 0
+    memory_used_bytes: int = 0  # what the admission threshold counts (GPU, else RSS)
+    memory_budget_bytes: int = 0
 
 
 class StreamOpened(Message):

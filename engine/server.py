@@ -72,6 +72,19 @@ class SlotPool:
 
 
 @dataclass(frozen=True)
+class MemoryUse:
+    rss: int
+    gpu_used: int
+    gpu_total: int
+    used: int  # what counts against the budget: GPU memory on a GPU, else RSS
+    budget: int
+
+    @property
+    def fraction(self) -> float:
+        return self.used / self.budget if self.budget > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class EngineLayout:
     region: SharedRegion
     arena: SlotArena
@@ -146,12 +159,17 @@ class _Connection(asyncio.Protocol):
             return
         if isinstance(message, Ping):
             stats = server.scheduler.stats
+            memory = server.memory()
             self.send(
                 Pong(
                     seq=message.seq,
                     active_streams=stats.active_streams,
                     queued_utterances=stats.queued_utterances,
-                    rss_bytes=resident_memory_bytes(),
+                    rss_bytes=memory.rss,
+                    gpu_used_bytes=memory.gpu_used,
+                    gpu_total_bytes=memory.gpu_total,
+                    memory_used_bytes=memory.used,
+                    memory_budget_bytes=memory.budget,
                 )
             )
         elif isinstance(message, OpenStream):
@@ -197,6 +215,14 @@ class _Connection(asyncio.Protocol):
         except BackendError as exc:
             reject(exc.code, exc.message)
             return
+        memory = server.memory()
+        if memory.fraction > server.memory_reject_fraction:
+            reject(
+                "overloaded",
+                f"engine memory at {memory.fraction:.0%} of its budget "
+                f"(limit {server.memory_reject_fraction:.0%})",
+            )
+            return
         slot = server.pool.acquire()
         if slot is None:
             reject("overloaded", f"all {server.pool.size} engine slots are in use")
@@ -241,9 +267,13 @@ class EngineServer:
         layout: EngineLayout,
         *,
         vad_model_factory: Callable[[], VadModel] | None = None,
+        memory_budget_bytes: int = 4 << 30,
+        memory_reject_fraction: float = 0.85,
     ) -> None:
         self.backend = backend
         self.layout = layout
+        self.memory_budget_bytes = memory_budget_bytes
+        self.memory_reject_fraction = memory_reject_fraction
         self.pool = SlotPool(layout.slots)
         # Threads still using a closing slot (scheduler, VAD): freed when it reaches 0.
         self.holds: dict[int, int] = {}
@@ -264,6 +294,16 @@ class EngineServer:
         self._outbox: deque[Callable[[], None]] = deque()
         self._relay_scheduled = False
         self._server: asyncio.AbstractServer | None = None
+
+    def memory(self) -> MemoryUse:
+        """Engine memory for admission: device memory when the backend is on a GPU,
+        else this process's resident memory against the configured budget."""
+        rss = resident_memory_bytes()
+        gpu = getattr(self.backend, "gpu_memory", None)
+        if callable(gpu):
+            used, total = gpu()
+            return MemoryUse(rss, used, total, used, total)
+        return MemoryUse(rss, 0, 0, rss, self.memory_budget_bytes)
 
     def welcome(self) -> Welcome:
         return Welcome(

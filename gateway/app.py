@@ -10,6 +10,7 @@ from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.supervisor import EngineSupervisor, SupervisorSettings
+from gateway.admission_gate import AdmissionGate
 from gateway.auth import AuthError, TokenVerifier, redact_query
 from gateway.config import GatewaySettings
 from gateway.metrics import GatewayMetrics
@@ -85,6 +86,7 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics_endpoint(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     state.metrics.engine_ready.set(1 if state.supervisor.ready else 0)
+    state.refresh_engine_gauges()
     body = generate_latest(state.metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -114,6 +116,7 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
         metrics=metrics,
         pacer=Pacer(metrics, tick_s=settings.tick_s),
         supervisor=supervisor,
+        gate=AdmissionGate(settings.admission, metrics),
     )
     supervisor.on_ready = state.on_engine_ready
     supervisor.on_lost = state.on_engine_lost
@@ -123,9 +126,11 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         state.pacer.start()
+        state.gate.start()
         await supervisor.start()
         yield
         await supervisor.stop()
+        await state.gate.stop()
         await state.pacer.stop()
 
     app.cleanup_ctx.append(lifecycle)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config import ConfigError, env_int
+from gateway.admission import AdmissionSettings
 from gateway.auth import AuthSettings
 from gateway.session import SessionLimits
 
@@ -38,6 +39,8 @@ class GatewaySettings:
     tick_s: float = 0.005
     ws_heartbeat_s: float = 20.0
     web_demo_dir: Path = WEB_DEMO_DIR
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    retry_after_ms: int = 2000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
@@ -62,4 +65,11 @@ class GatewaySettings:
             max_message_bytes=env_int(env, "GATEWAY_MAX_MESSAGE_BYTES", 64 * 1024, minimum=1024),
             start_timeout_s=float(env_int(env, "GATEWAY_START_TIMEOUT_S", 10, minimum=1)),
             tick_s=env_int(env, "GATEWAY_TICK_MS", 5, minimum=1) / 1000,
+            admission=AdmissionSettings(
+                soft_latency_s=env_int(env, "GATEWAY_SOFT_LATENCY_MS", 1500, minimum=1) / 1000,
+                window_s=float(env_int(env, "GATEWAY_LATENCY_WINDOW_S", 30, minimum=1)),
+                max_queue=env_int(env, "GATEWAY_ADMISSION_QUEUE", 256, minimum=0),
+                max_wait_s=env_int(env, "GATEWAY_QUEUE_TIMEOUT_MS", 5000, minimum=1) / 1000,
+            ),
+            retry_after_ms=env_int(env, "GATEWAY_RETRY_AFTER_MS", 2000, minimum=0),
         )

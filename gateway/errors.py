@@ -32,12 +32,14 @@ class SessionError(Exception):
         message: str,
         close_code: int | None = None,
         utterance_id: str | None = None,
+        retry_after_ms: int | None = None,
     ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.close_code = close_code
         self.utterance_id = utterance_id
+        self.retry_after_ms = retry_after_ms
 
 
 class ProtocolViolation(SessionError):

@@ -52,6 +52,7 @@ class ErrorEvent:
     code: str
     message: str
     utterance_id: str | None = None
+    retry_after_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

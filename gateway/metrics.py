@@ -90,6 +90,63 @@ class GatewayMetrics:
             "Caller audio dropped because the engine's inbound ring was full.",
             registry=r,
         )
+        self.rejections = Counter(
+            "gateway_rejections_total",
+            "Sessions or utterances refused, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        # Golden metrics (names fixed by the admission-control issue).
+        self.request_duration = Histogram(
+            "cosy2_tts_request_duration_seconds",
+            "Time from an utterance's text to the engine's last audio for it "
+            "(admission wait included).",
+            buckets=(*LATENCY_BUCKETS, 10.0, 20.0, 30.0),
+            registry=r,
+        )
+        self.gpu_memory_used = Gauge(
+            "cosy2_gpu_memory_used_bytes",
+            "GPU memory the engine uses (0 when its backend has no GPU).",
+            registry=r,
+        )
+        self.engine_memory_used = Gauge(
+            "engine_memory_used_bytes",
+            "Memory the engine counts against its budget: GPU memory with a GPU backend, "
+            "else the engine process's resident memory.",
+            registry=r,
+        )
+        self.cache_hit_ratio = Gauge(
+            "cosy2_cache_hit_ratio",
+            "Voice-feature cache hits / lookups (memory and Redis levels together).",
+            registry=r,
+        )
+        self.queue_length = Gauge(
+            "cosy2_queue_length",
+            "Utterances waiting at the admission gate for the engine.",
+            registry=r,
+        )
+        self.golden_errors = Counter(
+            "cosy2_tts_errors_total",
+            "TTS failures by type.",
+            ["type"],
+            registry=r,
+        )
+        for error_type in (
+            "cuda_oom", "engine_unavailable", "overloaded", "queue_timeout", "lease_lost",
+        ):  # fmt: skip
+            self.golden_errors.labels(type=error_type)
+        self.engine_first_audio = Histogram(
+            "gateway_engine_first_audio_seconds",
+            "Time from dispatching an utterance to the engine to its first audio in the "
+            "ring (the admission controller's signal; queue wait excluded).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.admission_degraded = Gauge(
+            "gateway_admission_degraded",
+            "1 while the engine's first-audio latency is over the soft threshold.",
+            registry=r,
+        )
         self.engine_ready = Gauge(
             "gateway_engine_ready", "1 when the engine is connected and healthy.", registry=r
         )

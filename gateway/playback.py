@@ -153,6 +153,18 @@ class Playback:
             item.start_pos = item.start_pos if item.start_pos is not None else start_pos
             item.end_pos = end_pos
 
+    def drop(self, seq: int) -> None:
+        """Remove utterance ``seq`` before any of it played (it never reached the engine)."""
+        item = self._by_seq.pop(seq, None)
+        if item is None or item.first_frame_at is not None:
+            return
+        was_head = bool(self._queue) and self._queue[0] is item
+        self._queue.remove(item)
+        if was_head and self._queue:
+            nxt = self._queue[0]
+            if isinstance(nxt, QueuedUtterance) and nxt.head_at is None:
+                nxt.head_at = item.head_at
+
     # --- clear (barge-in) ---------------------------------------------------------------
 
     def clear(self) -> list[SessionEvent]:

@@ -35,6 +35,7 @@ from engine.schema import (
     UtteranceEnd,
     UtteranceFailed,
 )
+from gateway.admission_gate import AdmissionGate, QueueFull, Ticket
 from gateway.errors import CloseCode, SessionError
 from gateway.events import BargeIn, Cleared, ErrorEvent, Ready, SessionEvent
 from gateway.formats import AudioFormat, FrameEncoder
@@ -87,6 +88,7 @@ class SessionLimits:
     realtime_lead_s: float = 0.060
     burst_lead_s: float = 2.0
     cancel_timeout_s: float = 2.0
+    retry_after_ms: int = 2000
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ class Session:
         protocol: str = "native",
         tenant: str = "",
         clock: Callable[[], float] = time.monotonic,
+        gate: AdmissionGate | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex[:16]
         self.state = SessionState.AWAITING_START
@@ -143,6 +146,10 @@ class Session:
         self._seq = itertools.count(1)
         self._auto_ids = itertools.count(1)
         self._open: _OpenUtterance | None = None
+        self._gate = gate
+        # Admission: each utterance's ticket, and text held while it waits at the gate.
+        self._tickets: dict[int, Ticket] = {}
+        self._held: dict[int, list[tuple[str, bool]]] = {}
         self._known_ids: set[str] = set()
         self.frames_sent = 0
         self.underruns = 0
@@ -175,7 +182,9 @@ class Session:
     def fail(self, error: SessionError) -> None:
         """Report ``error`` to the peer and, if it is fatal, end the session."""
         self._metrics.errors.labels(code=error.code).inc()
-        self._peer.send_event(ErrorEvent(error.code, error.message, error.utterance_id))
+        self._peer.send_event(
+            ErrorEvent(error.code, error.message, error.utterance_id, error.retry_after_ms)
+        )
         if error.close_code is not None:
             self.finish(error.close_code, error.code)
 
@@ -202,13 +211,24 @@ class Session:
             )
         except EngineRejected as exc:
             self._transition(SessionState.CLOSED, exc.code)
+            self._metrics.rejections.labels(reason=exc.code).inc()
             if exc.code == "overloaded":
-                raise SessionError("overloaded", exc.message, CloseCode.TRY_AGAIN_LATER) from None
+                self._metrics.golden_errors.labels(type="overloaded").inc()
+                raise SessionError(
+                    "overloaded",
+                    exc.message,
+                    CloseCode.TRY_AGAIN_LATER,
+                    retry_after_ms=self._limits.retry_after_ms,
+                ) from None
             raise SessionError(exc.code, exc.message, CloseCode.POLICY) from None
         except EngineUnavailable:
             self._transition(SessionState.CLOSED, "engine unavailable")
+            self._metrics.rejections.labels(reason="engine_unavailable").inc()
             raise SessionError(
-                "engine_unavailable", "the TTS engine is not available", CloseCode.TRY_AGAIN_LATER
+                "engine_unavailable",
+                "the TTS engine is not available",
+                CloseCode.TRY_AGAIN_LATER,
+                retry_after_ms=self._limits.retry_after_ms,
             ) from None
         self.options = options
         fmt = options.format
@@ -241,7 +261,7 @@ class Session:
         Returns the utterance id. Raises :class:`SessionError` (``text_too_long``,
         ``queue_full``, ``invalid_message``).
         """
-        stream, playback = self._require_active()
+        _stream, playback = self._require_active()
         current = self._open
         if current is not None and utterance_id in (None, current.utterance_id):
             target = current
@@ -259,6 +279,7 @@ class Session:
                     "invalid_message", "utterance_id is already queued", None, utterance_id
                 )
             target = _OpenUtterance(next(self._seq), utterance_id, 0)
+            self._admit(target.seq, utterance_id)
             self._known_ids.add(utterance_id)
             playback.enqueue_utterance(target.seq, utterance_id, self._clock())
         if target.chars + len(text) > self._limits.max_text_chars:
@@ -272,9 +293,66 @@ class Session:
                 target.utterance_id,
             )
         target.chars += len(text)
-        stream.speak(target.seq, text, final=flush)
+        self._send_text(target.seq, text, flush)
         self._open = None if flush else target
         return target.utterance_id
+
+    def _admit(self, seq: int, utterance_id: str) -> None:
+        """Ask the admission gate for ``seq``; raises ``overloaded`` if it cannot wait."""
+        if self._gate is None:
+            return
+        ticket = Ticket(
+            release=lambda: self._release_held(seq),
+            expire=lambda: self._expire_held(seq, utterance_id),
+        )
+        self._tickets[seq] = ticket
+        try:
+            if not self._gate.submit(ticket):
+                self._held[seq] = []
+        except QueueFull:
+            del self._tickets[seq]
+            self._metrics.golden_errors.labels(type="overloaded").inc()
+            raise SessionError(
+                "overloaded", "the gateway's admission queue is full", None, utterance_id
+            ) from None
+
+    def _send_text(self, seq: int, text: str, final: bool) -> None:
+        held = self._held.get(seq)
+        if held is not None:
+            held.append((text, final))  # waiting at the admission gate
+        elif self.stream is not None:
+            self.stream.speak(seq, text, final=final)
+
+    def _release_held(self, seq: int) -> None:
+        held = self._held.pop(seq, None)
+        if held is None or self.stream is None or self.state is SessionState.CLOSED:
+            return
+        for text, final in held:
+            self.stream.speak(seq, text, final=final)
+
+    def _expire_held(self, seq: int, utterance_id: str) -> None:
+        self._held.pop(seq, None)
+        self._tickets.pop(seq, None)
+        if self._open is not None and self._open.seq == seq:
+            self._open = None
+        if self.playback is not None:
+            self.playback.drop(seq)
+            self._pacer.wake(self)
+        self._metrics.errors.labels(code="queue_timeout").inc()
+        self._peer.send_event(
+            ErrorEvent("queue_timeout", "waited too long for the engine", utterance_id)
+        )
+
+    def _close_ticket(self, seq: int, *, first_audio: bool = False) -> None:
+        ticket = self._tickets.get(seq)
+        if ticket is None or self._gate is None:
+            return
+        if first_audio:
+            self._gate.first_audio(ticket)
+        else:
+            self._tickets.pop(seq, None)
+            self._held.pop(seq, None)
+            self._gate.close(ticket)
 
     def flush(self, utterance_id: str | None = None) -> None:
         self._require_active()
@@ -283,7 +361,7 @@ class Session:
 
     def _finalize_open(self) -> None:
         if self._open is not None and self.stream is not None:
-            self.stream.speak(self._open.seq, "", final=True)
+            self._send_text(self._open.seq, "", True)
         self._open = None
 
     def mark(self, name: str) -> None:
@@ -308,6 +386,7 @@ class Session:
         if stream is None or playback is None:
             return
         self._open = None
+        self._close_all_tickets()
         for event in playback.clear():
             self._peer.send_event(event)
         self._peer.send_event(reason)
@@ -432,16 +511,22 @@ class Session:
     # --- engine events (StreamListener) -------------------------------------------------
 
     def on_utterance_audio(self, event: UtteranceAudio) -> None:
+        self._close_ticket(event.utterance, first_audio=True)
         if self.playback is not None:
             self.playback.on_audio(event.utterance, event.start_pos, self._clock())
             self._pacer.wake(self)
 
     def on_utterance_end(self, event: UtteranceEnd) -> None:
+        ticket = self._tickets.get(event.utterance)
+        if ticket is not None:
+            self._metrics.request_duration.observe(self._clock() - ticket.submitted_at)
+        self._close_ticket(event.utterance)
         if self.playback is not None:
             self.playback.on_end(event.utterance, event.start_pos, event.end_pos, event.samples)
             self._pacer.wake(self)
 
     def on_utterance_failed(self, event: UtteranceFailed) -> None:
+        self._close_ticket(event.utterance)
         if self.playback is not None:
             self._metrics.errors.labels(code=event.code).inc()
             self.playback.on_failed(
@@ -462,9 +547,15 @@ class Session:
 
     # --- teardown ---------------------------------------------------------------------
 
+    def _close_all_tickets(self) -> None:
+        for seq in list(self._tickets):
+            self._close_ticket(seq)
+        self._held.clear()
+
     async def aclose(self, reason: str = "") -> None:
         """Release everything; safe to call more than once."""
         self._pacer.discard(self)
+        self._close_all_tickets()
         if self.state is not SessionState.CLOSED:
             self._transition(SessionState.CLOSED, reason)
         stream, self.stream = self.stream, None

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
 from engine.client import EngineClient, EngineUnavailable
 from engine.schema import VoiceInfo
 from engine.supervisor import EngineSupervisor
+from gateway.admission_gate import AdmissionGate
 from gateway.auth import AuthError, Principal, TokenVerifier, token_from_request
 from gateway.calls import CallRegistry
 from gateway.config import GatewaySettings
@@ -27,6 +28,7 @@ class GatewayState:
     metrics: GatewayMetrics
     pacer: Pacer
     supervisor: EngineSupervisor
+    gate: AdmissionGate
     voices: tuple[VoiceInfo, ...] = ()
     engine_max_text_chars: int = 5000
     calls: CallRegistry = field(default_factory=CallRegistry)
@@ -46,14 +48,23 @@ class GatewayState:
     def on_engine_lost(self) -> None:
         self.metrics.engine_ready.set(0)
         self.metrics.engine_restarts.inc()
+        self.metrics.golden_errors.labels(type="engine_unavailable").inc()
+
+    def refresh_engine_gauges(self) -> None:
+        """Engine memory from the last heartbeat (the supervisor pings every second)."""
+        client = self.supervisor.client
+        pong = client.last_pong if client is not None else None
+        if pong is not None:
+            self.metrics.gpu_memory_used.set(pong.gpu_used_bytes)
+            self.metrics.engine_memory_used.set(pong.memory_used_bytes or pong.rss_bytes)
 
     def session_limits(self) -> SessionLimits:
         limits = self.settings.limits
-        if limits.max_text_chars > self.engine_max_text_chars:
-            from dataclasses import replace
-
-            limits = replace(limits, max_text_chars=self.engine_max_text_chars)
-        return limits
+        return replace(
+            limits,
+            max_text_chars=min(limits.max_text_chars, self.engine_max_text_chars),
+            retry_after_ms=self.settings.retry_after_ms,
+        )
 
     def voice_ids(self) -> frozenset[str]:
         return frozenset(v.id for v in self.voices)

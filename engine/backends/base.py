@@ -74,6 +74,14 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+class GpuMemoryReporter(Protocol):
+    """Backends on a GPU also report device memory (torch.cuda.mem_get_info)."""
+
+    def gpu_memory(self) -> tuple[int, int]:
+        """(used bytes, total bytes) of the device the backend runs on."""
+        ...
+
+
 BackendFactory = Callable[[], Backend]
 _REGISTRY: dict[str, BackendFactory] = {}
 

@@ -4,7 +4,8 @@ Every character of a segment becomes ``CHAR_MS`` of a sine tone whose frequency 
 on the voice. It exists so that tests and benchmarks can control the engine's timing
 exactly (``ENGINE_SYNTHETIC_FIRST_CHUNK_MS``: delay before the first chunk of each
 segment; ``ENGINE_SYNTHETIC_RTF``: seconds of compute per second of audio), which the
-real backends cannot. Select it with ``ENGINE_BACKEND=synthetic``.
+real backends cannot, and ``ENGINE_SYNTHETIC_BALLAST_MB`` makes each open stream hold
+memory (admission tests). Select it with ``ENGINE_BACKEND=synthetic``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ _VOICES = {"en-us": 220.0, "zh": 330.0, "yue": 440.0, "tone": 1000.0}
 class ToneVoice:
     frequency: float
     speed: float
+    # ENGINE_SYNTHETIC_BALLAST_MB: memory held per open stream, to stand in for the
+    # per-stream device memory of a real model in admission tests.
+    ballast: bytes = b""
 
 
 class SyntheticBackend:
@@ -38,6 +42,7 @@ class SyntheticBackend:
     def __init__(self) -> None:
         self.first_chunk_s = float(os.environ.get("ENGINE_SYNTHETIC_FIRST_CHUNK_MS", "0")) / 1000
         self.rtf = float(os.environ.get("ENGINE_SYNTHETIC_RTF", "0"))
+        self.ballast_bytes = int(float(os.environ.get("ENGINE_SYNTHETIC_BALLAST_MB", "0")) * 2**20)
 
     def voices(self) -> Sequence[VoiceInfo]:
         return [
@@ -50,7 +55,8 @@ class SyntheticBackend:
             raise UnknownVoice(settings.voice_id)
         if not 0.25 <= settings.speed <= 4.0:
             raise BackendError("invalid_speed", "speed must be between 0.25 and 4.0")
-        return ToneVoice(_VOICES[settings.voice_id], settings.speed)
+        ballast = b"\x01" * self.ballast_bytes  # touched pages: counted in RSS
+        return ToneVoice(_VOICES[settings.voice_id], settings.speed, ballast)
 
     def synthesize(self, text: str, voice: object, emit: EmitFn) -> None:
         assert isinstance(voice, ToneVoice)

@@ -167,6 +167,8 @@ def encode_event(event: SessionEvent) -> str:
         body = {"type": "error", "code": event.code, "message": event.message}
         if event.utterance_id is not None:
             body["utterance_id"] = event.utterance_id
+        if event.retry_after_ms is not None:
+            body["retry_after_ms"] = event.retry_after_ms
     elif isinstance(event, CallStarted):
         body = {
             "type": "call_started",
@@ -241,6 +243,7 @@ class NativeConnection:
             metrics=state.metrics,
             limits=state.session_limits(),
             protocol=self.protocol,
+            gate=state.gate,
             tenant=who.tenant,
         )
 

@@ -69,6 +69,7 @@ class TelephonyLeg(abc.ABC):
             metrics=state.metrics,
             limits=state.session_limits(),
             protocol=self.protocol,
+            gate=state.gate,
         )
         self.call: Call | None = None
         self.principal: Principal | None = None
