@@ -7,8 +7,8 @@ STAMP := $(VENV)/.installed
 SYSTEM_STAMP := $(VENV)/.system-deps
 # Debian packages the project needs at run or test time: libopus for the Opus codec,
 # opus-tools (opusdec) as the independent decoder in the tests, redis-server for tests
-# that start their own Redis.
-APT_PACKAGES := libopus0 opus-tools redis-server
+# that start their own Redis, chromium (and a CJK font) for the demo page's browser tests.
+APT_PACKAGES := libopus0 opus-tools redis-server chromium fonts-wqy-microhei
 
 .PHONY: run test lint typecheck unit bench clean system-deps
 

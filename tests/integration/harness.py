@@ -48,6 +48,7 @@ class GatewayProcess:
             "GATEWAY_JWT_SECRET": SECRET,
             "LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",
+            "GATEWAY_VOICE_DIR": str(log_path.parent / "voices"),
             **env,
         }
         self.env.pop("GATEWAY_JWT_PUBLIC_KEY", None)
