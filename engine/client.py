@@ -29,6 +29,7 @@ from engine.schema import (
     OpenStream,
     Ping,
     Pong,
+    PrepareVoice,
     ProtocolError,
     Speak,
     SpeechEnded,
@@ -39,6 +40,8 @@ from engine.schema import (
     UtteranceAudio,
     UtteranceEnd,
     UtteranceFailed,
+    VoicePrepared,
+    VoicePrepareFailed,
     Welcome,
     encode,
 )
@@ -183,6 +186,7 @@ class EngineClient(asyncio.Protocol):
         self._welcome: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
         self._pongs: dict[int, asyncio.Future[Pong]] = {}
         self._opening: dict[int, asyncio.Future[StreamOpened]] = {}
+        self._preparing: dict[int, asyncio.Future[VoicePrepared]] = {}
         self.streams: dict[int, EngineStream] = {}
         self._ids = itertools.count(1)
         self._ping_seq = itertools.count(1)
@@ -246,6 +250,7 @@ class EngineClient(asyncio.Protocol):
             self._welcome,
             *self._pongs.values(),
             *self._opening.values(),
+            *self._preparing.values(),
         ]
         for future in futures:
             if not future.done():
@@ -253,6 +258,7 @@ class EngineClient(asyncio.Protocol):
                 future.exception()  # mark retrieved: nobody may be waiting any more
         self._pongs.clear()
         self._opening.clear()
+        self._preparing.clear()
         streams = list(self.streams.values())
         self.streams.clear()
         for stream in streams:
@@ -283,6 +289,13 @@ class EngineClient(asyncio.Protocol):
                 opening.set_result(message)
             else:
                 opening.set_exception(EngineRejected(message.code, message.message))
+        elif isinstance(message, VoicePrepared | VoicePrepareFailed):
+            waiter = self._preparing.pop(message.request_id, None)
+            if waiter is not None and not waiter.done():
+                if isinstance(message, VoicePrepared):
+                    waiter.set_result(message)
+                else:
+                    waiter.set_exception(EngineRejected(message.code, message.message))
         elif isinstance(message, ProtocolError):
             log.error("engine reports a protocol error: %s", message.message)
         else:
@@ -299,6 +312,24 @@ class EngineClient(asyncio.Protocol):
         if self.lost or self._transport is None or self._transport.is_closing():
             raise EngineUnavailable("engine connection is closed")
         self._transport.write(encode(message))
+
+    async def prepare_voice(
+        self, pcm16k: bytes, *, language: str | None = None, timeout: float = 60.0
+    ) -> VoicePrepared:
+        """Extract voice features from normalized reference audio (16 kHz mono PCM).
+
+        Raises :class:`EngineRejected` (e.g. ``voice_cloning_unsupported``) or
+        :class:`EngineUnavailable` (no answer in ``timeout``)."""
+        request_id = next(self._ids)
+        future: asyncio.Future[VoicePrepared] = asyncio.get_running_loop().create_future()
+        self._preparing[request_id] = future
+        try:
+            self.send(PrepareVoice(request_id=request_id, pcm16k=pcm16k, language=language))
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise EngineUnavailable("engine did not answer PrepareVoice") from None
+        finally:
+            self._preparing.pop(request_id, None)
 
     async def ping(self, timeout: float) -> Pong:
         seq = next(self._ping_seq)

@@ -42,6 +42,8 @@ from engine.schema import (
     UtteranceAudio,
     UtteranceEnd,
     UtteranceFailed,
+    VoicePrepared,
+    VoicePrepareFailed,
 )
 from engine.text import SegmentSplitter
 from telephony.resample import StreamingResampler
@@ -107,7 +109,15 @@ class _Cancel:
     close: bool
 
 
-_Command = _Open | _Speak | _Cancel | None
+@dataclass(frozen=True)
+class _Prepare:
+    request_id: int
+    owner: object
+    pcm16k: bytes
+    language: str | None
+
+
+_Command = _Open | _Speak | _Cancel | _Prepare | None
 
 
 @dataclass
@@ -190,6 +200,13 @@ class Scheduler:
         self._generations[slot] = self._generations.get(slot, 0) + 1
         self._commands.put(_Cancel(slot, close=False))
 
+    def prepare_voice(
+        self, *, request_id: int, owner: object, pcm16k: bytes, language: str | None
+    ) -> None:
+        """Extract voice features on the worker thread (the backend's owner); answered
+        with VoicePrepared or VoicePrepareFailed through ``on_event``."""
+        self._commands.put(_Prepare(request_id, owner, pcm16k, language))
+
     def close_stream(self, slot: int) -> None:
         self._generations[slot] = self._generations.get(slot, 0) + 1
         self._commands.put(_Cancel(slot, close=True))
@@ -224,7 +241,10 @@ class Scheduler:
             except queue.Empty:
                 return
 
-    def _apply(self, command: _Open | _Speak | _Cancel) -> None:
+    def _apply(self, command: _Open | _Speak | _Cancel | _Prepare) -> None:
+        if isinstance(command, _Prepare):
+            self._prepare(command)
+            return
         if isinstance(command, _Open):
             stream = command.stream
             stream.generation = self._generations.get(stream.slot, 0)
@@ -236,6 +256,36 @@ class Scheduler:
             self._drop_work(command)
         self.stats.active_streams = len(self._streams)
         self.stats.queued_utterances = sum(len(s.utterances) for s in self._streams.values())
+
+    def _prepare(self, command: _Prepare) -> None:
+        prepare = getattr(self._backend, "prepare_voice", None)
+        version = str(getattr(self._backend, "version", ""))
+        started = time.perf_counter()
+        message: Message
+        try:
+            if not callable(prepare):
+                raise BackendError(
+                    "voice_cloning_unsupported",
+                    f"backend {self._backend.name} has no custom voices",
+                )
+            features = prepare(command.pcm16k, command.language)
+            message = VoicePrepared(
+                request_id=command.request_id,
+                features=features,
+                backend=self._backend.name,
+                version=version,
+                seconds=time.perf_counter() - started,
+            )
+        except BackendError as exc:
+            message = VoicePrepareFailed(
+                request_id=command.request_id, code=exc.code, message=exc.message
+            )
+        except Exception:
+            log.exception("voice preparation failed")
+            message = VoicePrepareFailed(
+                request_id=command.request_id, code="engine_error", message="extraction failed"
+            )
+        self._on_event(command.owner, message)
 
     def _accept_text(self, command: _Speak) -> None:
         stream = self._streams.get(command.slot)

@@ -13,6 +13,7 @@ Conversation (gateway = client, engine = server)::
     Ping             ->  Pong                 (heartbeat)
     OpenStream       ->  StreamOpened | StreamRejected
     Speak            ->  (UtteranceAudio, UtteranceEnd | UtteranceFailed)
+    PrepareVoice     ->  VoicePrepared | VoicePrepareFailed
     Cancel           ->  Cancelled            (no more writes to the slot after write_pos)
     CloseStream      ->  StreamClosed         (the slot is free again)
 
@@ -29,7 +30,7 @@ from typing import Final
 import msgspec
 
 PROTOCOL_VERSION: Final = 1
-MAX_FRAME_BYTES: Final = 1 << 20
+MAX_FRAME_BYTES: Final = 4 << 20  # a 30 s reference recording (PrepareVoice) is ~1 MB
 _LENGTH = struct.Struct(">I")
 
 
@@ -83,6 +84,16 @@ class CloseStream(Message):
     stream_id: int
 
 
+class PrepareVoice(Message):
+    """Extract a voice's features from reference audio (16-bit mono PCM at 16 kHz,
+    normalized, silence trimmed). Answered by VoicePrepared or VoicePrepareFailed."""
+
+    request_id: int
+    pcm16k: bytes
+    language: str | None = None
+    transcript: str | None = None
+
+
 # --- engine -> gateway -------------------------------------------------------------
 
 
@@ -107,6 +118,8 @@ class Welcome(Message):
     max_text_chars: int
     voices: tuple[VoiceInfo, ...]
     vad: bool = False  # caller-audio VAD available
+    backend_version: str = ""  # changes when the backend's voice features change
+    voice_cloning: bool = False  # the backend implements PrepareVoice
 
 
 class Pong(Message):
@@ -174,6 +187,22 @@ class Cancelled(Message):
     write_pos: int
 
 
+class VoicePrepared(Message):
+    """``features`` is the backend's versioned profile blob (``OpenStream.voice_profile``)."""
+
+    request_id: int
+    features: bytes
+    backend: str
+    version: str
+    seconds: float  # extraction time
+
+
+class VoicePrepareFailed(Message):
+    request_id: int
+    code: str
+    message: str
+
+
 class SpeechStarted(Message):
     """Caller speech began (VAD), ``audio_ms`` into the stream's caller audio."""
 
@@ -199,7 +228,7 @@ class ProtocolError(Message):
     message: str
 
 
-ToEngine = Hello | Ping | OpenStream | Speak | Cancel | CloseStream
+ToEngine = Hello | Ping | OpenStream | Speak | Cancel | CloseStream | PrepareVoice
 FromEngine = (
     Welcome
     | Pong
@@ -212,6 +241,8 @@ FromEngine = (
     | StreamClosed
     | SpeechStarted
     | SpeechEnded
+    | VoicePrepared
+    | VoicePrepareFailed
     | ProtocolError
 )
 

@@ -29,6 +29,7 @@ from engine.schema import (
     OpenStream,
     Ping,
     Pong,
+    PrepareVoice,
     ProtocolError,
     Speak,
     StreamClosed,
@@ -182,6 +183,13 @@ class _Connection(asyncio.Protocol):
             slot = self.streams.get(message.stream_id)
             if slot is not None:
                 server.scheduler.cancel(slot)
+        elif isinstance(message, PrepareVoice):
+            server.scheduler.prepare_voice(
+                request_id=message.request_id,
+                owner=self,
+                pcm16k=message.pcm16k,
+                language=message.language,
+            )
         elif isinstance(message, CloseStream):
             slot = self.streams.pop(message.stream_id, None)
             if slot is None:
@@ -319,6 +327,8 @@ class EngineServer:
             max_text_chars=self.backend.max_text_chars,
             voices=tuple(self.backend.voices()),
             vad=self.vad.load_error is None,
+            backend_version=str(getattr(self.backend, "version", "")),
+            voice_cloning=callable(getattr(self.backend, "prepare_voice", None)),
         )
 
     async def start(self, socket_path: str) -> None:

@@ -5,19 +5,23 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
+import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.supervisor import EngineSupervisor, SupervisorSettings
+from gateway import voices_api
 from gateway.admission_gate import AdmissionGate
-from gateway.auth import AuthError, TokenVerifier, redact_query
+from gateway.auth import TokenVerifier, redact_query
 from gateway.config import GatewaySettings
 from gateway.metrics import GatewayMetrics
 from gateway.pacer import Pacer
 from gateway.protocols import PROTOCOLS
-from gateway.protocols.native import SCOPE
+from gateway.reference_audio import MAX_UPLOAD_BYTES
 from gateway.state import STATE_KEY, GatewayState
+from gateway.voice_store import FileVoiceStore, RedisVoiceStore, VoiceStore
+from gateway.voices import VoiceRegistry
 
 log = logging.getLogger(__name__)
 
@@ -38,31 +42,6 @@ class RedactingAccessLogger(AbstractAccessLogger):
 
 def _error(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message}}, status=status)
-
-
-async def voices(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
-    try:
-        state.authenticate(request, SCOPE)
-    except AuthError as exc:
-        return _error(exc.http_status, exc.code, exc.message)
-    if not state.voices:
-        return _error(503, "engine_unavailable", "the TTS engine is not ready")
-    return web.json_response(
-        {
-            "voices": [
-                {
-                    "id": v.id,
-                    "language": v.language,
-                    "name": v.name,
-                    "gender": v.gender,
-                    "backend": v.backend,
-                    "kind": "builtin",
-                }
-                for v in state.voices
-            ]
-        }
-    )
 
 
 async def healthz(_request: web.Request) -> web.Response:
@@ -110,8 +89,27 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
             heartbeat_timeout=settings.engine_heartbeat_timeout_s,
         )
     )
+    redis_client = (
+        aioredis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        if settings.redis_url
+        else None
+    )
+    store: VoiceStore = (
+        RedisVoiceStore(redis_client, prefix=settings.redis_prefix)
+        if redis_client
+        else FileVoiceStore(settings.voice_dir)
+    )
+    state: GatewayState
+    registry = VoiceRegistry(
+        store,
+        engine=lambda: state.engine_client(),
+        backend=lambda: state.backend,
+        metrics=metrics,
+        l1_size=settings.voice_cache_size,
+    )
     state = GatewayState(
         settings=settings,
+        registry=registry,
         verifier=verifier or TokenVerifier.from_settings(settings.auth),
         metrics=metrics,
         pacer=Pacer(metrics, tick_s=settings.tick_s),
@@ -121,7 +119,7 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
     supervisor.on_ready = state.on_engine_ready
     supervisor.on_lost = state.on_engine_lost
 
-    app = web.Application(client_max_size=1024**2)
+    app = web.Application(client_max_size=MAX_UPLOAD_BYTES + 256 * 1024)
     app[STATE_KEY] = state
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -132,11 +130,13 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
         await supervisor.stop()
         await state.gate.stop()
         await state.pacer.stop()
+        if redis_client is not None:
+            await redis_client.aclose()
 
     app.cleanup_ctx.append(lifecycle)
     for path, handler in PROTOCOLS.items():
         app.router.add_get(path, handler)
-    app.router.add_get("/v1/voices", voices)
+    voices_api.add_routes(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)

@@ -27,6 +27,7 @@ class GatewaySettings:
     host: str = "127.0.0.1"
     port: int = 8080
     redis_url: str | None = None
+    redis_prefix: str = "ivr"  # key prefix: several deployments (or tests) share a Redis
     engine_backend: str = "espeak"
     engine_socket: str | None = None  # attach to this engine instead of starting one
     engine_ready_timeout_s: float = 30.0
@@ -40,6 +41,10 @@ class GatewaySettings:
     ws_heartbeat_s: float = 20.0
     web_demo_dir: Path = WEB_DEMO_DIR
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    voice_dir: Path = field(
+        default_factory=lambda: Path.home() / ".local" / "share" / "ivr-gateway" / "voices"
+    )
+    voice_cache_size: int = 100
     retry_after_ms: int = 2000
 
     @classmethod
@@ -58,6 +63,7 @@ class GatewaySettings:
             host=env.get("GATEWAY_HOST") or "127.0.0.1",
             port=port,
             redis_url=env.get("GATEWAY_REDIS_URL") or None,
+            redis_prefix=env.get("GATEWAY_REDIS_PREFIX") or "ivr",
             engine_backend=env.get("ENGINE_BACKEND") or "espeak",
             engine_socket=env.get("ENGINE_SOCKET") or None,
             engine_ready_timeout_s=float(env_int(env, "ENGINE_READY_TIMEOUT_S", 30, minimum=1)),
@@ -72,4 +78,8 @@ class GatewaySettings:
                 max_wait_s=env_int(env, "GATEWAY_QUEUE_TIMEOUT_MS", 5000, minimum=1) / 1000,
             ),
             retry_after_ms=env_int(env, "GATEWAY_RETRY_AFTER_MS", 2000, minimum=0),
+            voice_dir=Path(env["GATEWAY_VOICE_DIR"])
+            if env.get("GATEWAY_VOICE_DIR")
+            else Path.home() / ".local" / "share" / "ivr-gateway" / "voices",
+            voice_cache_size=env_int(env, "GATEWAY_VOICE_CACHE_SIZE", 100, minimum=1),
         )

@@ -120,6 +120,27 @@ class GatewayMetrics:
             "Voice-feature cache hits / lookups (memory and Redis levels together).",
             registry=r,
         )
+        self.voice_cache_hits = Counter(
+            "gateway_voice_cache_hits_total",
+            "Voice-feature lookups served from a cache level (l1: memory, l2: shared store).",
+            ["level"],
+            registry=r,
+        )
+        self.voice_cache_misses = Counter(
+            "gateway_voice_cache_misses_total",
+            "Voice-feature lookups a cache level could not serve.",
+            ["level"],
+            registry=r,
+        )
+        for level in ("l1", "l2"):
+            self.voice_cache_hits.labels(level=level)
+            self.voice_cache_misses.labels(level=level)
+        self.voice_extraction = Histogram(
+            "gateway_voice_extraction_seconds",
+            "Time the engine spent extracting a voice's features from reference audio.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=r,
+        )
         self.queue_length = Gauge(
             "cosy2_queue_length",
             "Utterances waiting at the admission gate for the engine.",

@@ -100,6 +100,7 @@ class StartOptions:
     pacing: Pacing = "realtime"
     input_format: AudioFormat | None = None
     barge_in: bool = False
+    voice_profile: bytes | None = None  # a registered voice's features
 
 
 @dataclass
@@ -205,6 +206,7 @@ class Session:
                 speed=options.speed,
                 language=options.language,
                 listener=self,
+                voice_profile=options.voice_profile,
                 input_sample_rate=(
                     options.input_format.sample_rate if options.input_format else None
                 ),

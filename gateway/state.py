@@ -14,9 +14,11 @@ from gateway.admission_gate import AdmissionGate
 from gateway.auth import AuthError, Principal, TokenVerifier, token_from_request
 from gateway.calls import CallRegistry
 from gateway.config import GatewaySettings
+from gateway.errors import CloseCode, SessionError
 from gateway.metrics import GatewayMetrics
 from gateway.pacer import Pacer
 from gateway.session import SessionLimits
+from gateway.voices import VOICE_ID_PREFIX, BackendInfo, VoiceError, VoiceRegistry
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +31,9 @@ class GatewayState:
     pacer: Pacer
     supervisor: EngineSupervisor
     gate: AdmissionGate
+    registry: VoiceRegistry
     voices: tuple[VoiceInfo, ...] = ()
+    backend: BackendInfo | None = None
     engine_max_text_chars: int = 5000
     calls: CallRegistry = field(default_factory=CallRegistry)
 
@@ -40,9 +44,16 @@ class GatewayState:
         return client
 
     def on_engine_ready(self, client: EngineClient) -> None:
-        if client.welcome is not None:
-            self.voices = client.welcome.voices
-            self.engine_max_text_chars = client.welcome.max_text_chars
+        welcome = client.welcome
+        if welcome is not None:
+            self.voices = welcome.voices
+            self.engine_max_text_chars = welcome.max_text_chars
+            self.backend = BackendInfo(
+                name=welcome.backend,
+                version=welcome.backend_version,
+                cloning=welcome.voice_cloning,
+                voices={v.id: v.language for v in welcome.voices},
+            )
         self.metrics.engine_ready.set(1)
 
     def on_engine_lost(self) -> None:
@@ -65,6 +76,20 @@ class GatewayState:
             max_text_chars=min(limits.max_text_chars, self.engine_max_text_chars),
             retry_after_ms=self.settings.retry_after_ms,
         )
+
+    async def resolve_voice(self, tenant: str, voice: str) -> tuple[str, bytes | None]:
+        """(engine voice id, voice profile) for ``voice``: a built-in voice, or one of
+        the tenant's registered voices. Raises ``unknown_voice`` (1008)."""
+        if voice.startswith(VOICE_ID_PREFIX):
+            try:
+                found = await self.registry.profile(tenant, voice)
+            except VoiceError as exc:
+                raise SessionError(exc.code, exc.message, CloseCode.TRY_AGAIN_LATER) from None
+            if found is not None:
+                return found
+        elif not self.voices or voice in self.voice_ids():
+            return voice, None
+        raise SessionError("unknown_voice", f"unknown voice {voice!r}", CloseCode.POLICY)
 
     def voice_ids(self) -> frozenset[str]:
         return frozenset(v.id for v in self.voices)

@@ -74,6 +74,18 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+class VoicePreparer(Protocol):
+    """Backends that register custom voices implement this (called on the thread that
+    owns the backend, like ``synthesize``)."""
+
+    version: str  # changes whenever the feature format or extraction changes
+
+    def prepare_voice(self, pcm16k: bytes, language: str | None) -> bytes:
+        """Features of the reference (16-bit mono PCM at 16 kHz): a versioned blob that
+        ``resolve_voice`` accepts as ``VoiceSettings.profile``. Raises BackendError."""
+        ...
+
+
 class GpuMemoryReporter(Protocol):
     """Backends on a GPU also report device memory (torch.cuda.mem_get_info)."""
 

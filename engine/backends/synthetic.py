@@ -10,6 +10,7 @@ memory (admission tests). Select it with ``ENGINE_BACKEND=synthetic``.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ class ToneVoice:
 
 class SyntheticBackend:
     name = "synthetic"
+    version = "synthetic/profile-1"
     native_sample_rate = 16000
     max_text_chars = 5000
 
@@ -50,7 +52,24 @@ class SyntheticBackend:
             for vid, freq in _VOICES.items()
         ]
 
+    def prepare_voice(self, pcm16k: bytes, language: str | None) -> bytes:
+        """A custom tone voice: the reference's zero-crossing frequency (test stand-in)."""
+        if os.environ.get("ENGINE_SYNTHETIC_PREPARE_MS"):
+            time.sleep(float(os.environ["ENGINE_SYNTHETIC_PREPARE_MS"]) / 1000)
+        pcm = np.frombuffer(pcm16k, dtype="<i2").astype(np.float64)
+        if len(pcm) < 2:
+            raise BackendError("invalid_audio", "reference too short")
+        crossings = np.count_nonzero(np.diff(np.signbit(pcm)))
+        frequency = crossings / 2 / (len(pcm) / 16000)
+        return json.dumps({"v": 1, "f": round(frequency, 1)}).encode()
+
     def resolve_voice(self, settings: VoiceSettings) -> ToneVoice:
+        if settings.profile is not None:
+            try:
+                frequency = float(json.loads(settings.profile)["f"])
+            except (ValueError, KeyError, TypeError):
+                raise BackendError("invalid_voice_profile", "bad synthetic profile") from None
+            return ToneVoice(frequency, settings.speed)
         if settings.voice_id not in _VOICES:
             raise UnknownVoice(settings.voice_id)
         if not 0.25 <= settings.speed <= 4.0:

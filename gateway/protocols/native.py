@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import replace
 from typing import Any, Literal
 
 import msgspec
@@ -206,9 +207,6 @@ def start_options(message: StartMsg, state: GatewayState) -> StartOptions:
                 CloseCode.POLICY,
             )
         input_fmt = FORMATS[message.input_format]
-    voices = state.voice_ids()
-    if voices and message.voice not in voices:
-        raise SessionError("unknown_voice", f"unknown voice {message.voice!r}", CloseCode.POLICY)
     return StartOptions(
         voice=message.voice,
         format=fmt,
@@ -358,7 +356,11 @@ class NativeConnection:
             if message.call is not None:
                 self._attach(message.call)
             else:
-                await own.start(start_options(message, self._state))
+                options = start_options(message, self._state)
+                voice, profile = await self._state.resolve_voice(
+                    self._principal.tenant, message.voice
+                )
+                await own.start(replace(options, voice=voice, voice_profile=profile))
             return
         if isinstance(message, CloseMsg) and self.call is not None:
             own.finish(CloseCode.NORMAL, "detached")  # the call goes on without us

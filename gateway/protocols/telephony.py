@@ -153,11 +153,19 @@ class TelephonyLeg(abc.ABC):
     ) -> None:
         """Start the session in the call's codec, register the call, speak ``say``."""
         assert self.principal is not None
-        voice = parameters.get("voice") or DEFAULT_VOICE
         fmt = FORMATS[format_name]
         try:
+            voice, profile = await self._state.resolve_voice(
+                self.principal.tenant, parameters.get("voice") or DEFAULT_VOICE
+            )
             await self.session.start(
-                StartOptions(voice=voice, format=fmt, input_format=fmt, barge_in=True)
+                StartOptions(
+                    voice=voice,
+                    format=fmt,
+                    input_format=fmt,
+                    barge_in=True,
+                    voice_profile=profile,
+                )
             )
         except SessionError as exc:
             raise LegClosed(exc.close_code or CloseCode.POLICY, exc.code) from None

@@ -22,6 +22,7 @@ from engine.schema import (
     OpenStream,
     Ping,
     Pong,
+    PrepareVoice,
     ProtocolError,
     Speak,
     SpeechEnded,
@@ -33,11 +34,14 @@ from engine.schema import (
     UtteranceEnd,
     UtteranceFailed,
     VoiceInfo,
+    VoicePrepared,
+    VoicePrepareFailed,
     Welcome,
     encode,
 )
 
 TO_ENGINE: list[Message] = [
+    PrepareVoice(request_id=7, pcm16k=b"\x00\x01" * 8, language="en-US"),
     Hello(protocol_version=PROTOCOL_VERSION, client="gateway-1"),
     Ping(seq=42),
     OpenStream(stream_id=1, voice="en-us", sample_rate=8000),
@@ -101,6 +105,8 @@ FROM_ENGINE: list[Message] = [
     StreamClosed(stream_id=1, slot=0),
     SpeechStarted(stream_id=1, audio_ms=320),
     SpeechEnded(stream_id=1, audio_ms=1600),
+    VoicePrepared(request_id=7, features=b'{"v":1}', backend="espeak", version="x", seconds=0.1),
+    VoicePrepareFailed(request_id=7, code="invalid_audio", message="too short"),
     ProtocolError(message="Hello expected first"),
 ]
 

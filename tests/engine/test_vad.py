@@ -65,7 +65,7 @@ def test_one_model_step_serves_every_stream():
     steps = worker.process_available()
     assert steps == 4 and model.batches == [5, 5, 5, 5]  # 4 windows each, all batched
     started = [(o, m) for o, m in events if isinstance(m, SpeechStarted)]
-    assert sorted(o for o, _ in started) == ["conn0", "conn2", "conn4"]
+    assert sorted(str(o) for o, _ in started) == ["conn0", "conn2", "conn4"]
     assert all(m.audio_ms == 96 for _, m in started)
     # Each stream's recurrent state went back to its own slot, and only there.
     state = worker._state

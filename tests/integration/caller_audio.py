@@ -71,3 +71,50 @@ def frames(pcm: np.ndarray, samples: int = 160) -> list[np.ndarray]:
     pad = (-len(pcm)) % samples
     padded = np.concatenate([pcm, np.zeros(pad, dtype=np.int16)])
     return [padded[i : i + samples] for i in range(0, len(padded), samples)]
+
+
+def espeak_reference(
+    voice: str = "en-us+f3",
+    pitch: int = 70,
+    *,
+    seconds: float = 6.0,
+    rate_wpm: int = 175,
+    text: str = (
+        "Thank you for calling the customer service centre. Your call is important to us, "
+        "and one of our agents will be with you shortly. Please have your account number ready."
+    ),
+) -> tuple[np.ndarray, int]:
+    """Reference speech for voice registration: espeak-ng at a chosen pitch (0..100),
+    repeated to at least ``seconds``; returns (int16 samples, 22050)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from engine.backends.espeak import EspeakBackend, EspeakVoice\n"
+        "b = EspeakBackend(); chunks = []\n"
+        "v = EspeakVoice(sys.argv[2], rate_wpm=int(sys.argv[4]), pitch=int(sys.argv[3]),"
+        " pitch_range=50)\n"
+        "b.synthesize(sys.argv[1], v, lambda c: chunks.append(c) or True)\n"
+        "sys.stdout.buffer.write(np.concatenate(chunks).tobytes())\n"
+    )
+    raw = subprocess.run(
+        [sys.executable, "-c", code, text, voice, str(pitch), str(rate_wpm)],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    pcm = np.frombuffer(raw, dtype="<i2")
+    reps = int(np.ceil(seconds * 22050 / max(1, len(pcm))))
+    return np.tile(pcm, reps), 22050
+
+
+def wav_bytes(pcm: np.ndarray, rate: int, fmt: str = "WAV") -> bytes:
+    """Encode int16 samples as a WAV/FLAC/OGG file in memory (soundfile)."""
+    import io
+
+    import soundfile as sf  # type: ignore[import-untyped]
+
+    out = io.BytesIO()
+    sf.write(out, pcm, rate, format=fmt, subtype="PCM_16" if fmt in ("WAV", "FLAC") else None)
+    return out.getvalue()

@@ -1,0 +1,310 @@
+"""The voice registry: reference audio in, reusable voice out, features cached twice.
+
+Registration: the upload is decoded and normalized (:mod:`gateway.reference_audio`,
+off the event loop), the engine extracts the backend's features (``PrepareVoice``), and
+the record, the normalized audio and the features are stored (:mod:`gateway.voice_store`).
+
+Features are looked up in L1 (an in-process LRU, ``GATEWAY_VOICE_CACHE_SIZE`` entries),
+then L2 (the shared store: Redis, or a local directory), and only then extracted. The
+cache key is ``backend:version:language:sha256(normalized audio)``, so a new backend
+version recomputes features from the stored audio instead of using stale ones. Across
+instances, an extraction lock in the store makes the same audio extracted once: other
+instances wait for the features to appear.
+
+When the store is unreachable, voices whose record and features are in L1 still speak;
+registration answers 503 ``storage_unavailable`` and writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from engine.client import EngineClient, EngineRejected, EngineUnavailable
+from gateway.metrics import GatewayMetrics
+from gateway.reference_audio import ReferenceAudio, process_reference
+from gateway.voice_store import StorageUnavailable, VoiceRecord, VoiceStore
+
+log = logging.getLogger(__name__)
+VOICE_ID_PREFIX = "vc_"
+MAX_NAME_CHARS = 100
+FEATURES_TTL_S = 30 * 24 * 3600.0
+LOCK_TTL_S = 60.0
+WAIT_FOR_OTHER_S = 60.0
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class VoiceError(Exception):
+    """A client-facing registry error: ``code`` and an HTTP status."""
+
+    def __init__(self, code: str, message: str, status: int) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+
+class Lru(Generic[K, V]):
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K) -> V | None:
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def pop(self, key: K) -> None:
+        self._items.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str
+    version: str
+    cloning: bool
+    voices: dict[str, str]  # built-in voice id -> language tag
+
+
+def base_voice_for(language: str, voices: dict[str, str]) -> str | None:
+    """The built-in voice that speaks ``language`` (exact tag first, then its prefix)."""
+    wanted = language.lower()
+    for voice_id, tag in voices.items():
+        if tag.lower() == wanted or voice_id == wanted:
+            return voice_id
+    prefix = wanted.split("-")[0]
+    for voice_id, tag in voices.items():
+        if tag.lower().split("-")[0] == prefix:
+            return voice_id
+    return None
+
+
+class VoiceRegistry:
+    def __init__(
+        self,
+        store: VoiceStore,
+        engine: Callable[[], EngineClient],
+        backend: Callable[[], BackendInfo | None],
+        metrics: GatewayMetrics,
+        *,
+        l1_size: int = 100,
+        features_ttl_s: float = FEATURES_TTL_S,
+    ) -> None:
+        self._store = store
+        self._engine = engine
+        self._backend = backend
+        self._metrics = metrics
+        self._features: Lru[str, bytes] = Lru(l1_size)
+        self._records: Lru[str, VoiceRecord] = Lru(l1_size)
+        self._features_ttl_s = features_ttl_s
+        self._inflight: dict[str, asyncio.Future[bytes]] = {}
+        self.lookups = 0
+        self.hits = 0
+
+    # --- features: L1, L2, extraction ---------------------------------------------------
+
+    def _count(self, level: str, hit: bool) -> None:
+        (self._metrics.voice_cache_hits if hit else self._metrics.voice_cache_misses).labels(
+            level=level
+        ).inc()
+
+    def _ratio(self) -> None:
+        self._metrics.cache_hit_ratio.set(self.hits / self.lookups if self.lookups else 0.0)
+
+    async def features(
+        self,
+        sha: str,
+        language: str,
+        load_audio: Callable[[], asyncio.Future[bytes | None]] | None = None,
+        audio: bytes | None = None,
+    ) -> bytes:
+        """Features of reference ``sha``: L1, then L2, then extraction (once per cluster)."""
+        info = self._backend()
+        if info is None:
+            raise VoiceError("engine_unavailable", "the TTS engine is not ready", 503)
+        key = f"{info.name}:{info.version}:{language.lower()}:{sha}"
+        self.lookups += 1
+        blob = self._features.get(key)
+        self._count("l1", blob is not None)
+        if blob is not None:
+            self.hits += 1
+            self._ratio()
+            return blob
+        blob = await self._store.load_features(key)
+        self._count("l2", blob is not None)
+        if blob is not None:
+            self.hits += 1
+            self._ratio()
+            self._features.put(key, blob)
+            return blob
+        self._ratio()
+        running = self._inflight.get(key)
+        if running is not None:  # this instance is already extracting it
+            return await asyncio.shield(running)
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            blob = await self._extract_once(key, language, load_audio, audio)
+            future.set_result(blob)
+            self._features.put(key, blob)
+            return blob
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved here; waiters get it too
+            raise
+        finally:
+            del self._inflight[key]
+
+    async def _extract_once(
+        self,
+        key: str,
+        language: str,
+        load_audio: Callable[[], asyncio.Future[bytes | None]] | None,
+        audio: bytes | None,
+    ) -> bytes:
+        deadline = time.monotonic() + WAIT_FOR_OTHER_S
+        while not await self._store.try_lock(key, LOCK_TTL_S):
+            # Another instance is extracting the same audio: wait for its result.
+            await asyncio.sleep(0.05)
+            blob = await self._store.load_features(key)
+            if blob is not None:
+                return blob
+            if time.monotonic() > deadline:
+                raise VoiceError("storage_unavailable", "voice extraction lock timed out", 503)
+        try:
+            blob = await self._store.load_features(key)  # finished while we took the lock?
+            if blob is not None:
+                return blob
+            if audio is None and load_audio is not None:
+                audio = await load_audio()
+            if audio is None:
+                raise VoiceError("voice_unavailable", "the voice's reference audio is gone", 410)
+            try:
+                prepared = await self._engine().prepare_voice(audio, language=language)
+            except EngineRejected as exc:
+                raise VoiceError(exc.code, exc.message, 400) from None
+            except EngineUnavailable:
+                raise VoiceError("engine_unavailable", "the TTS engine is not ready", 503) from None
+            self._metrics.voice_extraction.observe(prepared.seconds)
+            await self._store.save_features(key, prepared.features, self._features_ttl_s)
+            return prepared.features
+        finally:
+            with contextlib.suppress(StorageUnavailable):  # else the lock expires by itself
+                await self._store.unlock(key)
+
+    # --- registration and lookup --------------------------------------------------------
+
+    async def register(
+        self,
+        tenant: str,
+        data: bytes,
+        *,
+        name: str | None,
+        language: str | None,
+        transcript: str | None = None,
+    ) -> VoiceRecord:
+        """Register a voice; raises :class:`VoiceError` (400/413/503) or
+        :class:`gateway.reference_audio.ReferenceAudioError`. Nothing is stored on
+        failure."""
+        info = self._backend()
+        if info is None:
+            raise VoiceError("engine_unavailable", "the TTS engine is not ready", 503)
+        if not info.cloning:
+            raise VoiceError(
+                "voice_cloning_unsupported", f"backend {info.name} has no custom voices", 400
+            )
+        language = (language or "en-US").strip()
+        base_voice = base_voice_for(language, info.voices)
+        if base_voice is None:
+            raise VoiceError("unsupported_language", f"no voice speaks {language!r}", 400)
+        if name is not None and len(name) > MAX_NAME_CHARS:
+            raise VoiceError("invalid_name", f"name over {MAX_NAME_CHARS} characters", 400)
+        ref: ReferenceAudio = await asyncio.to_thread(process_reference, data)
+        try:
+            await self.features(ref.sha256, language, audio=ref.pcm)
+            await self._store.save_audio(ref.sha256, ref.pcm)
+            record = VoiceRecord(
+                id=VOICE_ID_PREFIX + secrets.token_hex(8),
+                tenant=tenant,
+                name=name or "Custom voice",
+                language=language,
+                base_voice=base_voice,
+                duration_ms=ref.duration_ms,
+                audio_sha256=ref.sha256,
+                created_at=time.time(),
+            )
+            await self._store.save_record(record)
+        except StorageUnavailable:
+            raise VoiceError("storage_unavailable", "voice storage is unreachable", 503) from None
+        self._records.put(record.id, record)
+        log.info("voice %s registered for tenant %s (%d ms)", record.id, tenant, ref.duration_ms)
+        return record
+
+    async def get(self, tenant: str, voice_id: str) -> VoiceRecord | None:
+        """The tenant's voice, or None (another tenant's voice does not exist)."""
+        if not voice_id.startswith(VOICE_ID_PREFIX):
+            return None
+        record = self._records.get(voice_id)
+        if record is None:
+            try:
+                record = await self._store.load_record(voice_id)
+            except StorageUnavailable:
+                raise VoiceError(
+                    "storage_unavailable", "voice storage is unreachable", 503
+                ) from None
+            if record is not None:
+                self._records.put(voice_id, record)
+        if record is None or record.tenant != tenant:
+            return None
+        return record
+
+    async def list(self, tenant: str) -> list[VoiceRecord]:
+        try:
+            return await self._store.list_records(tenant)
+        except StorageUnavailable:
+            raise VoiceError("storage_unavailable", "voice storage is unreachable", 503) from None
+
+    async def delete(self, tenant: str, voice_id: str) -> bool:
+        record = await self.get(tenant, voice_id)
+        if record is None:
+            return False
+        try:
+            await self._store.delete_record(record)
+        except StorageUnavailable:
+            raise VoiceError("storage_unavailable", "voice storage is unreachable", 503) from None
+        self._records.pop(voice_id)
+        return True
+
+    async def profile(self, tenant: str, voice_id: str) -> tuple[str, bytes] | None:
+        """(base voice, features) for speaking with ``voice_id``; None if unknown."""
+        record = await self.get(tenant, voice_id)
+        if record is None:
+            return None
+
+        def load_audio() -> asyncio.Future[bytes | None]:
+            return asyncio.ensure_future(self._store.load_audio(record.audio_sha256))
+
+        try:
+            blob = await self.features(record.audio_sha256, record.language, load_audio)
+        except StorageUnavailable:
+            raise VoiceError("storage_unavailable", "voice storage is unreachable", 503) from None
+        return record.base_voice, blob
