@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
@@ -15,6 +16,7 @@ from gateway import voices_api
 from gateway.admission_gate import AdmissionGate
 from gateway.auth import TokenVerifier, redact_query
 from gateway.config import GatewaySettings
+from gateway.leases import LeaseSettings, TenantLeases
 from gateway.metrics import GatewayMetrics
 from gateway.pacer import Pacer
 from gateway.protocols import PROTOCOLS
@@ -90,7 +92,7 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
         )
     )
     redis_client = (
-        aioredis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        aioredis.from_url(settings.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
         if settings.redis_url
         else None
     )
@@ -107,9 +109,22 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
         metrics=metrics,
         l1_size=settings.voice_cache_size,
     )
+    leases = TenantLeases(
+        redis_client,
+        LeaseSettings(
+            lease_s=settings.lease_s,
+            renew_every_s=settings.lease_renew_s,
+            policy="fail-closed" if settings.lease_policy == "fail-closed" else "fail-open",
+            key_prefix=settings.redis_prefix,
+        ),
+        instance_id=uuid.uuid4().hex,
+        on_store_error=lambda op: state.on_lease_store_error(op),
+        on_lost=lambda lease: state.on_lease_lost(lease),
+    )
     state = GatewayState(
         settings=settings,
         registry=registry,
+        leases=leases,
         verifier=verifier or TokenVerifier.from_settings(settings.auth),
         metrics=metrics,
         pacer=Pacer(metrics, tick_s=settings.tick_s),
@@ -125,8 +140,10 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         state.pacer.start()
         state.gate.start()
+        await leases.start()
         await supervisor.start()
         yield
+        await leases.stop()
         await supervisor.stop()
         await state.gate.stop()
         await state.pacer.stop()

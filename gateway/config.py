@@ -21,6 +21,12 @@ WEB_DEMO_DIR = Path(__file__).resolve().parent.parent / "web-demo"
 __all__ = ["WEB_DEMO_DIR", "ConfigError", "GatewaySettings"]
 
 
+def _policy(value: str) -> str:
+    if value not in ("fail-open", "fail-closed"):
+        raise ConfigError(f"GATEWAY_LEASE_POLICY must be fail-open or fail-closed, not {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class GatewaySettings:
     auth: AuthSettings
@@ -45,6 +51,10 @@ class GatewaySettings:
         default_factory=lambda: Path.home() / ".local" / "share" / "ivr-gateway" / "voices"
     )
     voice_cache_size: int = 100
+    tenant_max_streams: int = 100  # when the token has no max_streams claim
+    lease_s: float = 10.0
+    lease_renew_s: float = 3.0
+    lease_policy: str = "fail-open"  # or "fail-closed", when Redis is unreachable
     retry_after_ms: int = 2000
 
     @classmethod
@@ -82,4 +92,8 @@ class GatewaySettings:
             if env.get("GATEWAY_VOICE_DIR")
             else Path.home() / ".local" / "share" / "ivr-gateway" / "voices",
             voice_cache_size=env_int(env, "GATEWAY_VOICE_CACHE_SIZE", 100, minimum=1),
+            tenant_max_streams=env_int(env, "GATEWAY_TENANT_MAX_STREAMS", 100, minimum=1),
+            lease_s=env_int(env, "GATEWAY_LEASE_MS", 10000, minimum=100) / 1000,
+            lease_renew_s=env_int(env, "GATEWAY_LEASE_RENEW_MS", 3000, minimum=50) / 1000,
+            lease_policy=_policy(env.get("GATEWAY_LEASE_POLICY") or "fail-open"),
         )

@@ -168,6 +168,13 @@ class GatewayMetrics:
             "1 while the engine's first-audio latency is over the soft threshold.",
             registry=r,
         )
+        self.lease_store_errors = Counter(
+            "gateway_lease_store_errors_total",
+            "Tenant-lease operations that could not reach Redis, by operation and by the "
+            "configured policy (fail-open: local limit only; fail-closed: refused).",
+            ["op", "policy"],
+            registry=r,
+        )
         self.engine_ready = Gauge(
             "gateway_engine_ready", "1 when the engine is connected and healthy.", registry=r
         )

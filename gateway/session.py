@@ -76,6 +76,13 @@ class Peer(Protocol):
     def backlogged(self) -> bool: ...
 
 
+class SessionLeases(Protocol):
+    """Cluster-wide per-tenant session limits (see :mod:`gateway.leases`)."""
+
+    async def acquire_lease(self, session: Session) -> None: ...
+    async def release_lease(self, session: Session) -> None: ...
+
+
 class PacerHandle(Protocol):
     def wake(self, session: Session) -> None: ...
     def discard(self, session: Session) -> None: ...
@@ -123,6 +130,8 @@ class Session:
         tenant: str = "",
         clock: Callable[[], float] = time.monotonic,
         gate: AdmissionGate | None = None,
+        leases: SessionLeases | None = None,
+        max_streams: int | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex[:16]
         self.state = SessionState.AWAITING_START
@@ -148,6 +157,8 @@ class Session:
         self._auto_ids = itertools.count(1)
         self._open: _OpenUtterance | None = None
         self._gate = gate
+        self._leases = leases
+        self.max_streams = max_streams  # the token's max_streams claim, if any
         # Admission: each utterance's ticket, and text held while it waits at the gate.
         self._tickets: dict[int, Ticket] = {}
         self._held: dict[int, list[tuple[str, bool]]] = {}
@@ -198,6 +209,12 @@ class Session:
         self._transition(
             SessionState.STARTING, f"voice={options.voice} format={options.format.name}"
         )
+        if self._leases is not None:
+            try:
+                await self._leases.acquire_lease(self)
+            except SessionError as exc:
+                self._transition(SessionState.CLOSED, exc.code)
+                raise
         try:
             client = self._engine()
             self.stream = await client.open_stream(
@@ -213,6 +230,7 @@ class Session:
             )
         except EngineRejected as exc:
             self._transition(SessionState.CLOSED, exc.code)
+            await self._release_lease()
             self._metrics.rejections.labels(reason=exc.code).inc()
             if exc.code == "overloaded":
                 self._metrics.golden_errors.labels(type="overloaded").inc()
@@ -225,6 +243,7 @@ class Session:
             raise SessionError(exc.code, exc.message, CloseCode.POLICY) from None
         except EngineUnavailable:
             self._transition(SessionState.CLOSED, "engine unavailable")
+            await self._release_lease()
             self._metrics.rejections.labels(reason="engine_unavailable").inc()
             raise SessionError(
                 "engine_unavailable",
@@ -549,6 +568,10 @@ class Session:
 
     # --- teardown ---------------------------------------------------------------------
 
+    async def _release_lease(self) -> None:
+        if self._leases is not None:
+            await self._leases.release_lease(self)
+
     def _close_all_tickets(self) -> None:
         for seq in list(self._tickets):
             self._close_ticket(seq)
@@ -558,6 +581,7 @@ class Session:
         """Release everything; safe to call more than once."""
         self._pacer.discard(self)
         self._close_all_tickets()
+        await self._release_lease()
         if self.state is not SessionState.CLOSED:
             self._transition(SessionState.CLOSED, reason)
         stream, self.stream = self.stream, None

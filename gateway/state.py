@@ -15,9 +15,10 @@ from gateway.auth import AuthError, Principal, TokenVerifier, token_from_request
 from gateway.calls import CallRegistry
 from gateway.config import GatewaySettings
 from gateway.errors import CloseCode, SessionError
+from gateway.leases import Lease, LeaseError, TenantLeases
 from gateway.metrics import GatewayMetrics
 from gateway.pacer import Pacer
-from gateway.session import SessionLimits
+from gateway.session import Session, SessionLimits
 from gateway.voices import VOICE_ID_PREFIX, BackendInfo, VoiceError, VoiceRegistry
 
 log = logging.getLogger(__name__)
@@ -32,10 +33,54 @@ class GatewayState:
     supervisor: EngineSupervisor
     gate: AdmissionGate
     registry: VoiceRegistry
+    leases: TenantLeases
     voices: tuple[VoiceInfo, ...] = ()
     backend: BackendInfo | None = None
     engine_max_text_chars: int = 5000
     calls: CallRegistry = field(default_factory=CallRegistry)
+    _lease_of: dict[str, Lease] = field(default_factory=dict)
+    _leased: dict[str, Session] = field(default_factory=dict)
+
+    # --- per-tenant session limits (SessionLeases) ---------------------------------------
+
+    async def acquire_lease(self, session: Session) -> None:
+        limit = session.max_streams or self.settings.tenant_max_streams
+        try:
+            lease = await self.leases.acquire(session.tenant, limit, session.id)
+        except LeaseError as exc:
+            self.metrics.rejections.labels(reason=exc.code).inc()
+            raise SessionError(
+                exc.code,
+                f"tenant {session.tenant!r} is at its limit of {limit} sessions"
+                if exc.code == "tenant_limit"
+                else "session limits cannot be checked now",
+                CloseCode.TRY_AGAIN_LATER,
+                retry_after_ms=self.settings.retry_after_ms,
+            ) from None
+        self._lease_of[session.id] = lease
+        self._leased[session.id] = session
+
+    async def release_lease(self, session: Session) -> None:
+        self._leased.pop(session.id, None)
+        lease = self._lease_of.pop(session.id, None)
+        if lease is not None:
+            await self.leases.release(lease)
+
+    def on_lease_lost(self, lease: Lease) -> None:
+        session = self._leased.get(lease.session_id)
+        self.metrics.golden_errors.labels(type="lease_lost").inc()
+        if session is not None:
+            log.warning("session %s lost its tenant lease", session.id)
+            session.fail(
+                SessionError(
+                    "lease_lost",
+                    "the session's slot in the tenant limit expired (a stall)",
+                    CloseCode.TRY_AGAIN_LATER,
+                )
+            )
+
+    def on_lease_store_error(self, op: str) -> None:
+        self.metrics.lease_store_errors.labels(op=op, policy=self.settings.lease_policy).inc()
 
     def engine_client(self) -> EngineClient:
         client = self.supervisor.client

@@ -242,7 +242,9 @@ class NativeConnection:
             limits=state.session_limits(),
             protocol=self.protocol,
             gate=state.gate,
+            leases=state,
             tenant=who.tenant,
+            max_streams=who.max_streams,
         )
 
     # Peer

@@ -70,6 +70,7 @@ class TelephonyLeg(abc.ABC):
             limits=state.session_limits(),
             protocol=self.protocol,
             gate=state.gate,
+            leases=state,
         )
         self.call: Call | None = None
         self.principal: Principal | None = None
@@ -142,6 +143,7 @@ class TelephonyLeg(abc.ABC):
             raise LegClosed(CloseCode.POLICY, exc.code) from None
         self.principal = principal
         self.session.tenant = principal.tenant
+        self.session.max_streams = principal.max_streams
         return principal
 
     async def start_call(
