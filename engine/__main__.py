@@ -84,9 +84,9 @@ async def run_engine(args: argparse.Namespace) -> None:
     )
     if args.no_vad:
         server.vad.load_error = "disabled (ENGINE_VAD=0)"
-    else:
-        # Before accepting gateways, so the first duplex call has VAD at once.
-        await asyncio.get_running_loop().run_in_executor(None, server.vad.load)
+    # Otherwise the VAD thread loads the model (about 2 s for torch) while the engine
+    # already serves: a restarted engine takes calls at once, and barge-in joins in
+    # as soon as the model is loaded (duplex audio that arrived meanwhile is caught up).
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

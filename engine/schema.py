@@ -131,6 +131,7 @@ class Pong(Message):
     gpu_total_bytes: int = 0
     memory_used_bytes: int = 0  # what the admission threshold counts (GPU, else RSS)
     memory_budget_bytes: int = 0
+    vad_ready: bool = False  # the caller-audio VAD model is loaded
 
 
 class StreamOpened(Message):

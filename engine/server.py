@@ -171,6 +171,7 @@ class _Connection(asyncio.Protocol):
                     gpu_total_bytes=memory.gpu_total,
                     memory_used_bytes=memory.used,
                     memory_budget_bytes=memory.budget,
+                    vad_ready=server.vad.ready,
                 )
             )
         elif isinstance(message, OpenStream):

@@ -180,6 +180,11 @@ class VadWorker:
             self._changes.append(("add", stream))
         self._wake.set()
 
+    @property
+    def ready(self) -> bool:
+        """The model is loaded: caller audio is being analysed."""
+        return self._model is not None
+
     def load(self) -> None:
         """Load the model now (blocking; about 2 s for torch and Silero). Without this
         the worker thread loads it when it starts. A failure is kept in

@@ -60,6 +60,9 @@ async def readyz(request: web.Request) -> web.Response:
         "engine": supervisor.state.value,
         "engine_pid": client.welcome.engine_pid if ready and client and client.welcome else None,
         "engine_restarts": supervisor.restarts,
+        "vad_ready": bool(
+            ready and client and client.last_pong is not None and client.last_pong.vad_ready
+        ),
     }
     return web.json_response(body, status=200 if ready else 503)
 

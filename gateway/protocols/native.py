@@ -293,6 +293,9 @@ class NativeConnection:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if session.done.done():
                 code, reason = session.done.result()
+                # Release the engine stream first: once the peer sees the close, the
+                # session's slot and tenant lease are free for its next session.
+                await session.aclose(reason)
                 await self._ws.close(code=code, message=reason.encode()[:120])
         finally:
             receiver.cancel()

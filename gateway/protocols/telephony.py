@@ -226,6 +226,7 @@ class TelephonyLeg(abc.ABC):
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if self.session.done.done():
                 code, reason = self.session.done.result()
+                await self._end(reason)  # free the slot and lease before the peer knows
                 await self._ws.close(code=code, message=reason.encode()[:120])
         finally:
             receiver.cancel()

@@ -282,6 +282,7 @@ async def test_start_opens_the_stream_and_sends_ready():
             "speed": 1.25,
             "language": "en",
             "listener": h.session,
+            "voice_profile": None,
             "input_sample_rate": None,
         }
     ]

@@ -75,14 +75,18 @@ class GatewayProcess:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}")
 
-    def wait_ready(self, timeout: float = 30.0) -> float:
-        """Seconds until ``/readyz`` answered 200."""
+    def wait_ready(self, timeout: float = 30.0, *, vad: bool | None = None) -> float:
+        """Seconds until ``/readyz`` answered 200 (and, for ``vad``, reported the VAD
+        model loaded; by default when the engine runs VAD: barge-in tests need it)."""
+        if vad is None:
+            vad = self.env.get("ENGINE_VAD") != "0"
         start = time.monotonic()
         while time.monotonic() - start < timeout:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"gateway exited with {self.proc.returncode}: {self.log_tail()}")
             with contextlib.suppress(OSError):
-                if self.readyz()[0] == 200:
+                status, body = self.readyz()
+                if status == 200 and (not vad or body.get("vad_ready")):
                     return time.monotonic() - start
             time.sleep(0.05)
         raise TimeoutError(f"gateway not ready within {timeout}s: {self.log_tail()}")

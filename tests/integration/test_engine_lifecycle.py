@@ -54,7 +54,7 @@ async def test_engine_crash_errors_streams_and_recovers(fresh_gateway: GatewayPr
     # Not ready until the new engine is up, then ready within a few seconds.
     status, body = gw.readyz()
     assert status == 503 or body["engine_pid"] != old_pid
-    gw.wait_ready(timeout=10)
+    gw.wait_ready(timeout=10, vad=False)
     assert time.monotonic() - killed_at < 5
     assert gw.engine_pid() != old_pid
     await speak_ok(gw)
@@ -90,7 +90,7 @@ async def test_gateway_attaches_to_a_standalone_engine_and_reattaches(tmp_path: 
             await asyncio.sleep(0.05)
         assert gw.readyz()[0] == 503
         engine = start_engine()
-        gw.wait_ready(timeout=15)
+        gw.wait_ready(timeout=15, vad=False)
         await speak_ok(gw)
     finally:
         gw.stop()
