@@ -69,7 +69,10 @@ class IllegalTransition(RuntimeError):
 
 
 class Peer(Protocol):
-    """What a wire protocol gives the session to talk to its peer. Never blocks."""
+    """What a wire protocol gives the session to talk to its peer. Never blocks.
+
+    A peer may also define ``on_interrupt()``: called on clear and barge-in before the
+    session drops its queue (telephony legs flush the vendor's buffer there)."""
 
     def send_audio(self, frame: bytes) -> None: ...
     def send_event(self, event: SessionEvent) -> None: ...
@@ -408,6 +411,9 @@ class Session:
             return
         self._open = None
         self._close_all_tickets()
+        hook = getattr(self._peer, "on_interrupt", None)
+        if callable(hook):
+            hook()  # e.g. a telephony leg flushes its vendor's buffer first
         for event in playback.clear():
             self._peer.send_event(event)
         self._peer.send_event(reason)

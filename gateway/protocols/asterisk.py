@@ -61,10 +61,15 @@ class AsteriskLeg(TelephonyLeg):
     def vendor_mark(self, vendor_id: str) -> None:
         self._writer.send_text(self._core.mark_media(vendor_id))
 
-    def vendor_clear(self) -> list[str]:
-        flush = self._core.flush_media()
-        self._writer.send_text(flush.text)
-        return list(flush.cleared_marks)
+    def vendor_clear(self) -> None:
+        # FLUSH_MEDIA drops queued marks silently; the leg reports them as cleared.
+        self._writer.send_text(self._core.flush_media().text)
+
+    def vendor_utterance_done(self) -> None:
+        # Asterisk drops a partial frame: pad the prompt's tail to a whole frame.
+        if self._core.can_send:
+            for message in self._core.flush_tail():
+                self._writer.send_binary(message)
 
     def vendor_hangup(self) -> None:
         self._writer.send_text(self._core.hangup())

@@ -54,7 +54,7 @@ class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=False):
 
 
 class StartMsg(_Msg, tag="start"):
-    voice: str
+    voice: str | None = None  # required unless ``call`` is given
     format: str | None = None
     language: str | None = None
     speed: float = 1.0
@@ -191,6 +191,8 @@ def start_options(message: StartMsg, state: GatewayState) -> StartOptions:
 
     ``barge_in`` defaults to on when the session sends caller audio (``input_format``).
     """
+    if message.voice is None:
+        raise ProtocolViolation("invalid_message", "start: voice is required", CloseCode.POLICY)
     if message.format is None:
         raise ProtocolViolation("invalid_message", "start: format is required", CloseCode.POLICY)
     fmt = FORMATS.get(message.format)
@@ -264,6 +266,11 @@ class NativeConnection:
             self.session.finish(CloseCode.NORMAL, "call ended")
 
     @property
+    def _active(self) -> bool:
+        """Started, or attached to a call (an attached app may stay quiet)."""
+        return self.session.started or self.call is not None
+
+    @property
     def target(self) -> Session:
         """The session commands act on: the call's when attached, else our own."""
         return self.call.session if self.call is not None else self.session
@@ -314,9 +321,9 @@ class NativeConnection:
         try:
             while True:
                 try:
-                    msg = await ws.receive(timeout=None if session.started else timeout)
+                    msg = await ws.receive(timeout=None if self._active else timeout)
                 except TimeoutError:
-                    if not session.started:
+                    if not self._active:
                         session.fail(
                             SessionError("start_timeout", "no start message", CloseCode.POLICY)
                         )
@@ -363,7 +370,7 @@ class NativeConnection:
             else:
                 options = start_options(message, self._state)
                 voice, profile = await self._state.resolve_voice(
-                    self._principal.tenant, message.voice
+                    self._principal.tenant, options.voice
                 )
                 await own.start(replace(options, voice=voice, voice_profile=profile))
             return

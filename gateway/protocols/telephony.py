@@ -26,14 +26,13 @@ from gateway.auth import AuthError, Principal
 from gateway.calls import Call, CallIdInUse
 from gateway.errors import CloseCode, SessionError
 from gateway.events import (
-    BargeIn,
     CallEnded,
     CallStarted,
-    Cleared,
     Dtmf,
     MarkReached,
     Ready,
     SessionEvent,
+    UtteranceDone,
 )
 from gateway.formats import FORMATS
 from gateway.session import Session, StartOptions
@@ -90,12 +89,23 @@ class TelephonyLeg(abc.ABC):
             self._vendor_marks[vendor_id] = event.name
             self.vendor_mark(vendor_id)  # reported when the vendor says it was played
             return
-        if isinstance(event, Cleared | BargeIn):
-            for vendor_id in self.vendor_clear():  # marks the vendor dropped silently
-                self.vendor_mark_done(vendor_id, cleared=True)
         if isinstance(event, Ready):
             return  # the leg has no client to tell; the application gets call_started
         self._publish(event)
+        if isinstance(event, UtteranceDone):
+            self.vendor_utterance_done()
+
+    def on_interrupt(self) -> None:
+        """Called by the session before it drops its queue (clear, barge-in): flush the
+        vendor's buffer and report the marks it held as cleared, oldest first, so the
+        application sees every dropped mark in order (the session's own queued marks
+        follow). Later vendor echoes of these marks are ignored."""
+        self.vendor_clear()
+        self._clear_vendor_marks()
+
+    def _clear_vendor_marks(self) -> None:
+        for vendor_id in list(self._vendor_marks):
+            self.vendor_mark_done(vendor_id, cleared=True)
 
     def backlogged(self) -> bool:
         return self._paused or self._writer.backlogged()
@@ -110,11 +120,15 @@ class TelephonyLeg(abc.ABC):
     def vendor_mark(self, vendor_id: str) -> None: ...
 
     @abc.abstractmethod
-    def vendor_clear(self) -> list[str]:
-        """Flush the vendor's playback buffer; returns vendor mark ids dropped silently."""
+    def vendor_clear(self) -> None:
+        """Flush the vendor's playback buffer."""
 
     @abc.abstractmethod
     def vendor_hangup(self) -> None: ...
+
+    @abc.abstractmethod
+    def vendor_utterance_done(self) -> None:
+        """An utterance's last frame was sent (vendors that hold partial frames flush)."""
 
     @abc.abstractmethod
     async def handle_text(self, text: str) -> None:
@@ -239,8 +253,22 @@ class TelephonyLeg(abc.ABC):
     async def _receive(self) -> None:
         from aiohttp import WSMsgType
 
+        deadline = asyncio.get_running_loop().time() + self._state.settings.start_timeout_s
         try:
-            async for msg in self._ws:
+            while True:
+                timeout = None
+                if self.call is None:  # the vendor must start the call in time
+                    timeout = deadline - asyncio.get_running_loop().time()
+                    if timeout <= 0:
+                        raise LegClosed(CloseCode.POLICY, "start_timeout")
+                try:
+                    msg = await self._ws.receive(timeout=timeout)
+                except TimeoutError:
+                    continue
+                if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                    return
+                if msg.type is WSMsgType.ERROR:
+                    return
                 if msg.type is WSMsgType.TEXT:
                     await self.handle_text(msg.data)
                 elif msg.type is WSMsgType.BINARY:
@@ -259,6 +287,7 @@ class TelephonyLeg(abc.ABC):
         call = self.call
         if call is not None:
             self._state.calls.unregister(call)
+            self._clear_vendor_marks()  # never reported played: the call is over
             call.publish(CallEnded(call.call_id, reason))
             log.info("%s call %s ended", self.protocol, call.call_id)
         await self.session.aclose(reason)

@@ -45,10 +45,12 @@ class TwilioLeg(TelephonyLeg):
     def vendor_mark(self, vendor_id: str) -> None:
         self._writer.send_text(self._core.send_mark(vendor_id))
 
-    def vendor_clear(self) -> list[str]:
-        # Twilio echoes every pending mark after a clear; the core flags them cleared.
+    def vendor_clear(self) -> None:
+        # Twilio echoes every pending mark after a clear; they were reported already.
         self._writer.send_text(self._core.send_clear())
-        return []
+
+    def vendor_utterance_done(self) -> None:
+        pass  # every media message is a whole 20 ms frame
 
     def vendor_hangup(self) -> None:
         pass  # a media stream cannot hang up the call: closing the stream ends our leg

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -143,11 +144,6 @@ async def test_each_codec_frames_in_its_optimal_size(
     assert 500 < len(pcm) * 1000 / rate < 3000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with optimal_frame_size not a multiple of 160 (ptime != 20) the end of each "
-    "prompt stays in the core's tail, never padded and sent (gateway/protocols/asterisk.py)",
-)
 async def test_prompts_end_in_full_with_another_ptime(
     asterisk: AsteriskConnect, gateway: GatewayProcess, connect: Connect
 ) -> None:
@@ -201,7 +197,7 @@ async def test_noise_does_not_flush(asterisk: AsteriskConnect, gateway: GatewayP
         np.concatenate([caller_audio.white_noise(2.0, rms=1000), caller_audio.dtmf("90*")])
     )
     assert peer.flushes == []
-    assert max(np.diff(media_times(peer))) < 0.1
+    assert media_times(peer)[-1] > time.monotonic() - 0.2  # still playing
 
 
 # --------------------------------------------------------------------------- flow control
@@ -336,11 +332,6 @@ async def test_flush_reports_marks_asterisk_dropped_as_cleared(
     assert (await app.wait_event("mark", name="after-next", timeout=15))["cleared"] is False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: on clear/barge-in, marks still queued in the gateway are reported (cleared) "
-    "before earlier marks Asterisk holds (gateway/protocols/telephony.py send_event)",
-)
 async def test_cleared_marks_are_reported_in_order(
     asterisk: AsteriskConnect, gateway: GatewayProcess, connect: Connect
 ) -> None:
@@ -436,6 +427,7 @@ async def test_bad_input_closes_only_that_leg(
         assert peer.commands == [], codec
 
     dtmf_json = json.dumps({"event": "DTMF_END", "digit": "5"})
+    bad_from = time.monotonic()
     await asyncio.gather(
         after_start("not key:value", "DTMF_END digit"),
         after_start("two lines", "MEDIA_XOFF\nMEDIA_XON"),
@@ -451,20 +443,20 @@ async def test_bad_input_closes_only_that_leg(
         unsupported("g722"),
         unsupported("opus"),
     )
+    bad_until = time.monotonic() + 0.5
     done = await app.wait_event("utterance_done", utterance_id="say", timeout=15)
     await healthy.wait_quiet(0.3)
     await healthy.wait_played()
-    # The healthy call played on: all of its audio, paced, nothing flushed.
+    # The healthy call played on: all of its audio, no gap while the others failed,
+    # nothing flushed.
     assert abs(healthy.player.played_ms - done["audio_ms"]) <= 20
-    assert max(np.diff(media_times(healthy))) < 0.1
+    arrivals = media_times(healthy)
+    assert arrivals[-1] > bad_until
+    window = [t for t in arrivals if bad_from - 0.1 <= t <= bad_until]
+    assert max(np.diff(window)) < 0.1
     assert healthy.flushes == [] and not healthy.closed.done()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an Asterisk leg waits forever for MEDIA_START "
-    "(gateway/protocols/telephony.py TelephonyLeg.run)",
-)
 async def test_leg_without_media_start_is_closed(
     asterisk: AsteriskConnect, gateway: GatewayProcess
 ) -> None:
