@@ -8,6 +8,7 @@ WebSocket binary message. Input formats (caller audio) are decoded back to PCM.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -15,6 +16,32 @@ from typing import Protocol
 from telephony import g711
 
 FRAME_MS = 20
+
+
+_Codec = Callable[[bytes], bytes]
+
+
+def _fast_g711() -> tuple[_Codec, _Codec, _Codec, _Codec] | None:
+    """The stdlib's C G.711 encoders (``audioop``: Python 3.11-3.12, or the
+    ``audioop-lts`` package later), about 5x faster per 20 ms frame than the numpy
+    tables of :mod:`telephony.g711`, and bit-identical to them (tested). None if absent."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import audioop
+    except ImportError:
+        return None
+    return (
+        lambda pcm: audioop.lin2ulaw(pcm, 2),
+        lambda pcm: audioop.lin2alaw(pcm, 2),
+        lambda data: audioop.ulaw2lin(data, 2),
+        lambda data: audioop.alaw2lin(data, 2),
+    )
+
+
+_FAST = _fast_g711()
+_ULAW_DECODE: _Codec = _FAST[2] if _FAST else g711.ulaw_decode_bytes
+_ALAW_DECODE: _Codec = _FAST[3] if _FAST else g711.alaw_decode_bytes
 
 
 class FrameEncoder(Protocol):
@@ -29,13 +56,11 @@ class _Pcm:
 
 
 class _Mulaw:
-    def encode(self, pcm_frame: bytes) -> bytes:
-        return g711.ulaw_encode(pcm_frame)
+    encode = staticmethod(_FAST[0] if _FAST else g711.ulaw_encode)
 
 
 class _Alaw:
-    def encode(self, pcm_frame: bytes) -> bytes:
-        return g711.alaw_encode(pcm_frame)
+    encode = staticmethod(_FAST[1] if _FAST else g711.alaw_encode)
 
 
 def _opus_encoder(sample_rate: int) -> FrameEncoder:
@@ -66,9 +91,9 @@ class AudioFormat:
     def decode_input(self, data: bytes) -> bytes:
         """Caller audio in this format -> 16-bit little-endian PCM at ``sample_rate``."""
         if self.codec == "mulaw":
-            return g711.ulaw_decode_bytes(data)
+            return _ULAW_DECODE(data)
         if self.codec == "alaw":
-            return g711.alaw_decode_bytes(data)
+            return _ALAW_DECODE(data)
         if self.codec == "pcm":
             if len(data) % 2:
                 raise ValueError("16-bit PCM needs an even number of bytes")

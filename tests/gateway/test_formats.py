@@ -168,3 +168,20 @@ def test_decode_input_pcm_needs_whole_samples():
 def test_decode_input_refuses_opus(name: str):
     with pytest.raises(ValueError):
         FORMATS[name].decode_input(b"\x00" * 10)
+
+
+def test_frame_encoders_are_bit_identical_to_the_g711_tables():
+    """The hot path may use the C encoders (audioop); they must match telephony.g711."""
+    from telephony import g711
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        frame = (rng.standard_normal(160) * 9000).clip(-32768, 32767).astype("<i2").tobytes()
+        assert FORMATS["mulaw_8000"].encoder().encode(frame) == g711.ulaw_encode(frame)
+        assert FORMATS["alaw_8000"].encoder().encode(frame) == g711.alaw_encode(frame)
+    every = np.arange(-32768, 32768, dtype="<i2").tobytes()
+    assert FORMATS["mulaw_8000"].encoder().encode(every) == g711.ulaw_encode(every)
+    assert FORMATS["alaw_8000"].encoder().encode(every) == g711.alaw_encode(every)
+    codes = bytes(range(256))
+    assert FORMATS["mulaw_8000"].decode_input(codes) == g711.ulaw_decode_bytes(codes)
+    assert FORMATS["alaw_8000"].decode_input(codes) == g711.alaw_decode_bytes(codes)
