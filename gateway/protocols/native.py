@@ -131,6 +131,8 @@ def decode_client_message(data: str | bytes) -> ClientMessage:
 def _check_ranges(message: ClientMessage) -> None:
     if isinstance(message, StartMsg) and not 0.25 <= message.speed <= 4.0:
         raise ProtocolViolation("invalid_message", "start: speed must be between 0.25 and 4")
+    if isinstance(message, StartMsg) and message.call is None and message.voice is None:
+        raise ProtocolViolation("invalid_message", "start: voice is required (or call)")
     if isinstance(message, MarkMsg) and not 0 < len(message.name) <= MAX_NAME_CHARS:
         raise ProtocolViolation("invalid_message", "mark: name must be 1 to 256 characters")
     utterance_id = getattr(message, "utterance_id", None)
