@@ -165,7 +165,6 @@ class Session:
         # Admission: each utterance's ticket, and text held while it waits at the gate.
         self._tickets: dict[int, Ticket] = {}
         self._held: dict[int, list[tuple[str, bool]]] = {}
-        self._known_ids: set[str] = set()
         self.frames_sent = 0
         self.underruns = 0
         # Resolved with (close code, reason) when the session wants its socket closed.
@@ -296,15 +295,12 @@ class Session:
                 raise SessionError("queue_full", "too many queued utterances", None, utterance_id)
             if utterance_id is None:
                 utterance_id = f"u{next(self._auto_ids)}"
-            elif (
-                utterance_id in self._known_ids and utterance_id in playback.pending_utterance_ids()
-            ):
+            elif utterance_id in playback.pending_utterance_ids():  # bounded by the queue
                 raise SessionError(
                     "invalid_message", "utterance_id is already queued", None, utterance_id
                 )
             target = _OpenUtterance(next(self._seq), utterance_id, 0)
             self._admit(target.seq, utterance_id)
-            self._known_ids.add(utterance_id)
             playback.enqueue_utterance(target.seq, utterance_id, self._clock())
         if target.chars + len(text) > self._limits.max_text_chars:
             # What was already accepted is still spoken; the excess is refused.
