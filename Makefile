@@ -7,8 +7,9 @@ STAMP := $(VENV)/.installed
 SYSTEM_STAMP := $(VENV)/.system-deps
 # Debian packages the project needs at run or test time: libopus for the Opus codec,
 # opus-tools (opusdec) as the independent decoder in the tests, redis-server for tests
-# that start their own Redis, chromium (and a CJK font) for the demo page's browser tests.
-APT_PACKAGES := libopus0 opus-tools redis-server chromium fonts-wqy-microhei
+# that start their own Redis, chromium (and a CJK font) for the demo page's browser tests,
+# nginx for the test of deploy/'s reverse-proxy configuration.
+APT_PACKAGES := libopus0 opus-tools redis-server chromium fonts-wqy-microhei nginx
 
 .PHONY: run test lint typecheck unit bench clean system-deps
 
@@ -45,8 +46,17 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
-bench: $(STAMP)
-	$(PY) -m tests.bench.first_audio
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,bench]'
+	@touch $@
+
+# The standard benchmark matrix (docs/benchmarks.md): gateway against the naive baseline
+# at 1, 50, 200 and 500 calls, then VAD throughput.
+bench: $(BENCH_STAMP)
+	$(PY) -m tests.bench.matrix
+	$(PY) -m tests.bench.vad_throughput
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache artifacts

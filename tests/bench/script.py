@@ -1,0 +1,65 @@
+"""What a simulated caller does: open the call, then prompt, think, prompt … until the
+end of the measurement window.
+
+The first prompt waits a random part of the longest think time so that hundreds of
+calls do not all speak in the same millisecond (the ramp would otherwise measure a
+thundering herd, not a call centre). A call that fails (an utterance times out, the
+socket closes) ends there: its audio could no longer be told apart from the next
+utterance's, and a real IVR would drop the call too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+
+from tests.bench.calls import CallDriver, CallFailed
+from tests.bench.prompts import pick_prompt
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    think_min_s: float = 0.5
+    think_max_s: float = 2.0
+    max_prompts: int | None = None  # per call; None: until the window ends
+
+
+async def open_call(driver: CallDriver, delay_s: float) -> bool:
+    """Connect after ``delay_s`` (the ramp); count the outcome. True when ready."""
+    await asyncio.sleep(delay_s)
+    rec = driver.recorder
+    try:
+        await driver.open()
+    except CallFailed as exc:
+        rec.sessions_failed += 1
+        if exc.code.startswith("client:"):  # server codes were counted on arrival
+            rec.error(exc.code)
+        return False
+    rec.sessions_ready += 1
+    return True
+
+
+async def converse(
+    driver: CallDriver, behaviour: Behaviour, end: float, rng: random.Random
+) -> None:
+    """Speak prompts with think time until ``end`` (``time.monotonic()``).
+
+    An utterance started before ``end`` is waited for (that is the drain); none starts
+    after it.
+    """
+    await asyncio.sleep(rng.uniform(0.0, behaviour.think_max_s))
+    spoken = 0
+    try:
+        while time.monotonic() < end:
+            if behaviour.max_prompts is not None and spoken >= behaviour.max_prompts:
+                return
+            await driver.speak(pick_prompt(driver.spec.voice, rng), f"u{spoken}")
+            spoken += 1
+            think = rng.uniform(behaviour.think_min_s, behaviour.think_max_s)
+            if time.monotonic() + think >= end:
+                return
+            await asyncio.sleep(think)
+    except CallFailed as exc:
+        driver.recorder.error(exc.code)
