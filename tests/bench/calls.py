@@ -7,12 +7,10 @@ between its wire protocol and four operations (``open``, ``speak``, ``close``,
 ``_utterance_done``, ``_server_error`` and ``_lost``. :data:`DRIVERS` is the registry the
 CLI picks from (``--protocol``).
 
-Adding the Twilio Media Streams protocol means one more subclass registered here: it
-plays Twilio (sends ``connected`` and ``start``, the token in ``customParameters``),
-and the server's audio arrives as text frames ``{"event": "media", "streamSid": ...,
-"media": {"payload": <base64 mu-law>}}`` every 20 ms; its ``on_text`` decodes those and
-calls ``self._audio(t, len(payload))`` exactly as :class:`NativeCall` does for binary
-frames, and turns the protocol's end-of-prompt signal into ``_utterance_done``.
+``TwilioCall`` plays a Twilio Media Streams leg (``/v1/twilio``) driven by an IVR
+application attached over the native protocol (``start`` with ``call``), the way a
+call centre runs prompts on a Twilio call: the application's ``speak`` is the prompt, the
+leg receives it as ``media`` events, the application gets ``utterance_done``.
 
 Client-side error codes are prefixed ``client:`` to keep them apart from the server's
 ``error`` codes (docs/protocol.md).
@@ -21,9 +19,12 @@ Client-side error codes are prefixed ``client:`` to keep them apart from the ser
 from __future__ import annotations
 
 import asyncio
+import base64
+import itertools
 import json
 import os
 import time
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -253,4 +254,243 @@ class NativeCall(CallDriver, wsclient.WsListener):
         self._lost(label)
 
 
-DRIVERS: dict[str, type[CallDriver]] = {NativeCall.protocol: NativeCall}
+class _AppListener(wsclient.WsListener):
+    """The IVR application's native session attached to a Twilio call."""
+
+    def __init__(self, call: TwilioCall) -> None:
+        self._call = call
+
+    def on_binary(self, t: float, payload: bytes) -> None:
+        self._call._server_error("client:unexpected_binary")
+
+    def on_text(self, t: float, text: str) -> None:
+        self._call._app_text(text)
+
+    def on_closed(self, code: int | None, reason: str) -> None:
+        self._call._app_closed(code, reason)
+
+
+class TwilioCall(CallDriver, wsclient.WsListener):
+    """A Twilio Media Streams leg (``/v1/twilio``) plus the IVR application that drives
+    it over the native protocol (``start`` with ``call``: docs/protocol.md).
+
+    The leg sends what Twilio sends (``connected``, ``start`` with the token and voice in
+    ``customParameters``, inbound ``media`` when ``caller_audio``, ``stop``), receives
+    ``media`` events (base64 mu-law, 20 ms each) and echoes ``mark`` events as Twilio does
+    once the audio before them has played. The attached application speaks the prompts and
+    receives ``utterance_done``. The call is registered by the leg's ``start``, which the
+    gateway does not acknowledge: the application retries ``unknown_call`` briefly.
+    """
+
+    protocol = "twilio"
+    _ATTACH_RETRY_S = 0.05
+
+    def __init__(self, spec: CallSpec, recorder: Recorder) -> None:
+        super().__init__(spec, recorder)
+        self._leg: wsclient.WsProtocol | None = None
+        self._app: wsclient.WsProtocol | None = None
+        self._attached: asyncio.Future[dict[str, Any]] | None = None
+        self._leg_closed: asyncio.Future[None] | None = None
+        self._app_closed_f: asyncio.Future[None] | None = None
+        self._call_sid = "CA" + uuid.uuid4().hex
+        self._stream_sid = "MZ" + uuid.uuid4().hex
+        self._sequence = itertools.count(1)
+        self._chunk = itertools.count(1)
+        self._media_t0: float | None = None
+        self._silence_b64 = base64.b64encode(MULAW_SILENCE).decode("ascii")
+        base = spec.url.split("?", 1)[0]
+        self._leg_url = base.rsplit("/", 1)[0] + "/twilio"
+
+    async def open(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._leg_closed = loop.create_future()
+        try:
+            self._leg = await wsclient.connect(
+                self._leg_url, {}, self, timeout=self.spec.connect_timeout_s
+            )
+        except (OSError, TimeoutError, wsclient.WsProtocolError) as exc:
+            raise CallFailed("client:connect_failed", repr(exc)) from None
+        parameters = {"voice": self.spec.voice}
+        if self.spec.token:
+            parameters["token"] = self.spec.token
+        self._leg.send_text(
+            json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+        )
+        self._leg.send_text(
+            json.dumps(
+                {
+                    "event": "start",
+                    "sequenceNumber": str(next(self._sequence)),
+                    "start": {
+                        "accountSid": "AC" + "0" * 32,
+                        "streamSid": self._stream_sid,
+                        "callSid": self._call_sid,
+                        "tracks": ["inbound"],
+                        "customParameters": parameters,
+                        "mediaFormat": {
+                            "encoding": "audio/x-mulaw",
+                            "sampleRate": 8000,
+                            "channels": 1,
+                        },
+                    },
+                    "streamSid": self._stream_sid,
+                }
+            )
+        )
+        try:
+            async with asyncio.timeout(self.spec.connect_timeout_s):
+                while True:
+                    code = await self._attach_once()
+                    if code is None:
+                        break
+                    if code != "unknown_call" or not self.alive:
+                        raise CallFailed(code)
+                    await asyncio.sleep(self._ATTACH_RETRY_S)
+        except TimeoutError:
+            raise CallFailed("client:ready_timeout") from None
+        self.recorder.frame_s = 0.020
+
+    async def _attach_once(self) -> str | None:
+        """One attach attempt; None when attached, else the error code that refused it."""
+        loop = asyncio.get_running_loop()
+        self._attached = loop.create_future()
+        self._app_closed_f = loop.create_future()
+        headers = {"Authorization": f"Bearer {self.spec.token}"} if self.spec.token else {}
+        try:
+            self._app = await wsclient.connect(
+                self.spec.url, headers, _AppListener(self), timeout=self.spec.connect_timeout_s
+            )
+        except (OSError, TimeoutError, wsclient.WsProtocolError) as exc:
+            raise CallFailed("client:connect_failed", repr(exc)) from None
+        self._app.send_text(json.dumps({"type": "start", "call": self._call_sid}))
+        try:
+            await self._attached
+        except CallFailed as exc:
+            return exc.code
+        return None
+
+    async def close(self) -> None:
+        leg, app = self._leg, self._app
+        if leg is not None and leg.is_open:
+            leg.send_text(
+                json.dumps(
+                    {
+                        "event": "stop",
+                        "sequenceNumber": str(next(self._sequence)),
+                        "streamSid": self._stream_sid,
+                        "stop": {"accountSid": "AC" + "0" * 32, "callSid": self._call_sid},
+                    }
+                )
+            )
+        waits = [f for f in (self._leg_closed, self._app_closed_f) if f is not None]
+        try:
+            async with asyncio.timeout(3.0):
+                await asyncio.gather(*(asyncio.shield(f) for f in waits))
+        except TimeoutError:
+            for ws in (leg, app):
+                if ws is not None:
+                    ws.abort()
+
+    def send_caller_audio(self) -> None:
+        leg = self._leg
+        if leg is None or not leg.is_open:
+            return
+        now = time.monotonic()
+        if self._media_t0 is None:
+            self._media_t0 = now
+        media = {
+            "track": "inbound",
+            "chunk": str(next(self._chunk)),
+            "timestamp": str(round((now - self._media_t0) * 1000)),
+            "payload": self._silence_b64,
+        }
+        leg.send_text(
+            json.dumps(
+                {
+                    "event": "media",
+                    "sequenceNumber": str(next(self._sequence)),
+                    "media": media,
+                    "streamSid": self._stream_sid,
+                }
+            )
+        )
+
+    def _send_speak(self, text: str, utterance_id: str) -> None:
+        assert self._app is not None
+        self._app.send_text(
+            json.dumps(
+                {"type": "speak", "text": text, "utterance_id": utterance_id},
+                ensure_ascii=False,
+            )
+        )
+
+    # the leg (WsListener)
+    def on_binary(self, t: float, payload: bytes) -> None:
+        self._server_error("client:unexpected_binary")
+
+    def on_text(self, t: float, text: str) -> None:
+        try:
+            message = json.loads(text)
+            event = message.get("event")
+        except (ValueError, AttributeError):
+            self._server_error("client:bad_server_message")
+            return
+        if event == "media":
+            payload = message.get("media", {}).get("payload", "")
+            # base64 length without decoding: 4 characters per 3 bytes, minus the padding
+            self._audio(t, len(payload) * 3 // 4 - payload[-2:].count("="))
+        elif event == "mark" and self._leg is not None:
+            self._leg.send_text(  # Twilio echoes a mark when the audio before it played
+                json.dumps(
+                    {
+                        "event": "mark",
+                        "sequenceNumber": str(next(self._sequence)),
+                        "streamSid": self._stream_sid,
+                        "mark": message.get("mark", {}),
+                    }
+                )
+            )
+
+    def on_closed(self, code: int | None, reason: str) -> None:
+        if self._leg_closed is not None and not self._leg_closed.done():
+            self._leg_closed.set_result(None)
+        self._lost(f"client:leg_closed_{code}" if code is not None else "client:connection_lost")
+
+    # the application
+    def _app_text(self, text: str) -> None:
+        try:
+            message = json.loads(text)
+            kind = message.get("type")
+        except (ValueError, AttributeError):
+            self._server_error("client:bad_server_message")
+            return
+        attached = self._attached
+        if kind == "utterance_done":
+            self._utterance_done(str(message.get("utterance_id")), message.get("first_audio_ms"))
+        elif kind == "error":
+            code = str(message.get("code"))
+            if attached is not None and not attached.done():
+                attached.set_exception(CallFailed(code))
+                attached.exception()
+                if code == "unknown_call":
+                    return  # retried: not an error of the run
+            self._server_error(code)
+        elif kind == "ready" and attached is not None and not attached.done():
+            attached.set_result(message)
+
+    def _app_closed(self, code: int | None, reason: str) -> None:
+        attached = self._attached
+        label = f"client:closed_{code}" if code is not None else "client:connection_lost"
+        if attached is not None and not attached.done():
+            attached.set_exception(CallFailed(label, reason))
+            attached.exception()
+        if self._app_closed_f is not None and not self._app_closed_f.done():
+            self._app_closed_f.set_result(None)
+        if attached is not None and attached.done() and attached.exception() is None:
+            self._lost(label)  # the attached application lost its session
+
+
+DRIVERS: dict[str, type[CallDriver]] = {
+    NativeCall.protocol: NativeCall,
+    TwilioCall.protocol: TwilioCall,
+}

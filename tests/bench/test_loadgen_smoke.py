@@ -111,3 +111,33 @@ def test_result_serializes_and_renders(level: dict[str, Any], tmp_path: Path) ->
     if plots.available():
         for png in plots.plot_all([level], tmp_path):
             assert png.stat().st_size > 1000
+
+
+def test_twilio_calls_driven_by_attached_applications(tmp_path: Path) -> None:
+    """The Twilio driver: a Media Streams leg streaming caller audio, prompts spoken by an
+    IVR application attached over the native protocol, audio counted from ``media``."""
+    target = GatewayTarget(tmp_path)
+    target.start()
+    opts = LoadOptions(
+        duration_s=30.0,
+        think_min_s=0.05,
+        think_max_s=0.2,
+        max_prompts=2,
+        settle_s=0.2,
+        sample_s=0.5,
+        progress_s=60.0,
+        drain_s=5.0,
+        protocol="twilio",
+        caller_audio=True,
+    )
+    try:
+        level = run_level(target, 2, opts, log=lambda _line: None)
+    finally:
+        target.stop()
+    client = level["client"]
+    assert client["sessions_ready"] == 2 and client["sessions_failed"] == 0
+    assert client["utterances"] == {"speaks": 4, "completed": 4, "unfinished": 0, "no_audio": 0}
+    assert client["errors"] == {}
+    assert client["bad_size_frames"] == 0 and client["stray_frames"] == 0
+    assert 10 < client["gap_ms"]["p50"] < 30
+    assert level["server"]["frames_sent"] == client["frames"]
