@@ -11,8 +11,11 @@ version recomputes features from the stored audio instead of using stale ones. A
 instances, an extraction lock in the store makes the same audio extracted once: other
 instances wait for the features to appear.
 
-When the store is unreachable, voices whose record and features are in L1 still speak;
-registration answers 503 ``storage_unavailable`` and writes nothing.
+Voice records are cached in L1 too, but for at most ``RECORD_TTL_S``: a voice deleted
+through one instance stops speaking on every instance within that time. When the store is
+unreachable, voices whose record and features are in L1 still speak (an expired record is
+served until the store answers again); registration answers 503 ``storage_unavailable``
+and writes nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 VOICE_ID_PREFIX = "vc_"
 MAX_NAME_CHARS = 100
 FEATURES_TTL_S = 30 * 24 * 3600.0
+RECORD_TTL_S = 10.0  # how long an instance trusts its cached copy of a voice's record
 LOCK_TTL_S = 60.0
 WAIT_FOR_OTHER_S = 60.0
 
@@ -108,14 +112,18 @@ class VoiceRegistry:
         *,
         l1_size: int = 100,
         features_ttl_s: float = FEATURES_TTL_S,
+        record_ttl_s: float = RECORD_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._engine = engine
         self._backend = backend
         self._metrics = metrics
         self._features: Lru[str, bytes] = Lru(l1_size)
-        self._records: Lru[str, VoiceRecord] = Lru(l1_size)
+        self._records: Lru[str, tuple[VoiceRecord, float]] = Lru(l1_size)  # record, fetched
         self._features_ttl_s = features_ttl_s
+        self._record_ttl_s = record_ttl_s
+        self._clock = clock
         self._inflight: dict[str, asyncio.Future[bytes]] = {}
         self.lookups = 0
         self.hits = 0
@@ -255,7 +263,7 @@ class VoiceRegistry:
             await self._store.save_record(record)
         except StorageUnavailable:
             raise VoiceError("storage_unavailable", "voice storage is unreachable", 503) from None
-        self._records.put(record.id, record)
+        self._records.put(record.id, (record, self._clock()))
         log.info("voice %s registered for tenant %s (%d ms)", record.id, tenant, ref.duration_ms)
         return record
 
@@ -263,16 +271,23 @@ class VoiceRegistry:
         """The tenant's voice, or None (another tenant's voice does not exist)."""
         if not voice_id.startswith(VOICE_ID_PREFIX):
             return None
-        record = self._records.get(voice_id)
-        if record is None:
+        cached = self._records.get(voice_id)
+        now = self._clock()
+        record = cached[0] if cached is not None else None
+        if cached is None or now - cached[1] > self._record_ttl_s:
             try:
                 record = await self._store.load_record(voice_id)
             except StorageUnavailable:
-                raise VoiceError(
-                    "storage_unavailable", "voice storage is unreachable", 503
-                ) from None
-            if record is not None:
-                self._records.put(voice_id, record)
+                if record is None:
+                    raise VoiceError(
+                        "storage_unavailable", "voice storage is unreachable", 503
+                    ) from None
+                # the store is down: keep speaking with what this instance knows
+            else:
+                if record is None:
+                    self._records.pop(voice_id)  # deleted, possibly through another instance
+                else:
+                    self._records.put(voice_id, (record, now))
         if record is None or record.tenant != tenant:
             return None
         return record

@@ -1,0 +1,93 @@
+"""VoiceRegistry's cached records: a voice deleted through one instance stops on all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.metrics import GatewayMetrics
+from gateway.voice_store import FileVoiceStore, StorageUnavailable, VoiceRecord
+from gateway.voices import RECORD_TTL_S, VoiceRegistry
+
+RECORD = VoiceRecord(
+    id="vc_test",
+    tenant="acme",
+    name="Agent",
+    language="en",
+    base_voice="en-us",
+    duration_ms=4000,
+    audio_sha256="0" * 64,
+    created_at=0.0,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FlakyStore(FileVoiceStore):
+    """A real file store that can be made unreachable."""
+
+    down = False
+
+    async def load_record(self, voice_id: str) -> VoiceRecord | None:
+        if self.down:
+            raise StorageUnavailable("down")
+        return await super().load_record(voice_id)
+
+
+def registry(store: FileVoiceStore, clock: Clock) -> VoiceRegistry:
+    def no_engine() -> object:
+        raise AssertionError("no engine needed to look up a record")
+
+    return VoiceRegistry(
+        store,
+        no_engine,  # type: ignore[arg-type]
+        lambda: None,
+        GatewayMetrics(),
+        clock=clock,
+    )
+
+
+async def test_delete_on_one_instance_reaches_the_others_within_the_record_ttl(
+    tmp_path: Path,
+) -> None:
+    store = FileVoiceStore(tmp_path)
+    await store.save_record(RECORD)
+    clock = Clock()
+    a, b = registry(store, clock), registry(store, clock)
+    assert await b.get("acme", RECORD.id) == RECORD  # B caches the record
+    assert await a.delete("acme", RECORD.id)
+    clock.now += RECORD_TTL_S / 2
+    assert await b.get("acme", RECORD.id) == RECORD  # still trusted for a while
+    clock.now += RECORD_TTL_S
+    assert await b.get("acme", RECORD.id) is None
+    assert await a.get("acme", RECORD.id) is None
+
+
+async def test_an_unreachable_store_keeps_known_voices_speaking(tmp_path: Path) -> None:
+    store = FlakyStore(tmp_path)
+    await store.save_record(RECORD)
+    clock = Clock()
+    reg = registry(store, clock)
+    assert await reg.get("acme", RECORD.id) == RECORD
+    store.down = True
+    clock.now += RECORD_TTL_S * 3
+    assert await reg.get("acme", RECORD.id) == RECORD  # stale but served
+    with pytest.raises(Exception) as info:
+        await reg.get("acme", "vc_unknown")
+    assert getattr(info.value, "code", None) == "storage_unavailable"
+
+
+async def test_another_tenant_never_sees_the_voice(tmp_path: Path) -> None:
+    store = FileVoiceStore(tmp_path)
+    await store.save_record(RECORD)
+    reg = registry(store, Clock())
+    assert await reg.get("other", RECORD.id) is None
+    assert not await reg.delete("other", RECORD.id)
+    assert await reg.get("acme", RECORD.id) == RECORD
