@@ -155,6 +155,9 @@ class Session:
         # Frame k of the current run is due at _run_base + k * _frame_s.
         self._run_base = 0.0
         self._run_index = 0
+        # Monotonic time before which pump() has nothing to do (the next frame is not due
+        # and nothing is starving); the pacer skips the session until then. 0: poll.
+        self.next_due = 0.0
         self._starving = False
         self._seq = itertools.count(1)
         self._auto_ids = itertools.count(1)
@@ -415,6 +418,7 @@ class Session:
         self._peer.send_event(reason)
         self._starving = False
         self._run_base, self._run_index = 0.0, 0  # the peer dropped its buffer
+        self.next_due = 0.0
         cancelled = stream.request_cancel(self._limits.cancel_timeout_s)
 
         def confirmed(future: asyncio.Future[int]) -> None:
@@ -481,16 +485,22 @@ class Session:
         gap (idle, waiting for first audio, an underrun) the clock is re-based to now, so
         a late stream never bursts to catch up beyond the lead.
         """
+        self.next_due = 0.0
         stream, playback, encoder = self.stream, self.playback, self._encoder
         if stream is None or playback is None or encoder is None or not self.started:
             return 0
         if self._peer.backlogged():
             return 0
         sent = 0
-        horizon = now + self._lead_s
+        lead_s = self._lead_s
+        horizon = now + lead_s
         peer = self._peer
         frame_s = self._frame_s
-        while (deadline := self._run_base + self._run_index * frame_s) <= horizon + 1e-9:
+        while True:
+            deadline = self._run_base + self._run_index * frame_s
+            if deadline > horizon + 1e-9:
+                self.next_due = deadline - lead_s  # nothing to do before then
+                break
             result = playback.next_frame(stream.outbound, now)
             for event in result.before:
                 peer.send_event(event)
