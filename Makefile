@@ -8,8 +8,9 @@ SYSTEM_STAMP := $(VENV)/.system-deps
 # Debian packages the project needs at run or test time: libopus for the Opus codec,
 # opus-tools (opusdec) as the independent decoder in the tests, redis-server for tests
 # that start their own Redis, chromium (and a CJK font) for the demo page's browser tests,
-# nginx for the test of deploy/'s reverse-proxy configuration.
-APT_PACKAGES := libopus0 opus-tools redis-server chromium fonts-wqy-microhei nginx
+# nginx and prometheus (promtool) for the tests of deploy/: the reverse-proxy configuration,
+# the Prometheus configuration and alerting rules.
+APT_PACKAGES := libopus0 opus-tools redis-server chromium fonts-wqy-microhei nginx prometheus
 
 .PHONY: run test lint typecheck unit bench clean system-deps
 
