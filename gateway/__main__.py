@@ -12,13 +12,16 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
 import sys
+from collections.abc import Callable
 
 from aiohttp import web
 
 from gateway.app import RedactingAccessLogger, create_app
 from gateway.auth import AuthConfigError, mint_token
 from gateway.config import ConfigError, GatewaySettings
+from gateway.state import STATE_KEY
 
 log = logging.getLogger("gateway")
 DEV_TOKEN_TTL_S = 12 * 3600
@@ -105,19 +108,39 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             print(f"Voice gateway listening on {base}", flush=True)
 
-    async def on_startup(app: web.Application) -> None:
-        announce(app)
-
-    app.on_startup.append(on_startup)
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        access_log_class=RedactingAccessLogger,
-        print=None,
-        shutdown_timeout=5.0,
-    )
+    asyncio.run(_serve_until_signalled(app, settings, lambda: announce(app)))
     return 0
+
+
+async def _serve_until_signalled(
+    app: web.Application, settings: GatewaySettings, listening: Callable[[], None]
+) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully.
+
+    Order: stop listening (new connections go to other instances), drain (sessions in
+    progress keep running, both directions, for up to ``GATEWAY_DRAIN_TIMEOUT_S``; those
+    still open then get ``shutting_down`` and close 1013), then aiohttp's own shutdown.
+    The drain cannot be an ``on_shutdown`` hook: by then aiohttp ignores inbound data on
+    every connection, so a caller's barge-in or an application's ``close`` would be lost.
+    """
+    runner = web.AppRunner(
+        app, handle_signals=False, access_log_class=RedactingAccessLogger, shutdown_timeout=5.0
+    )
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        site = web.TCPSite(runner, settings.host, settings.port)
+        await site.start()
+        listening()
+        await stop.wait()
+        log.info("shutting down: no new connections")
+        await site.stop()
+        await app[STATE_KEY].drain(settings.drain_timeout_s)
+    finally:
+        await runner.cleanup()
 
 
 def main(argv: list[str] | None = None) -> int:

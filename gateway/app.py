@@ -53,15 +53,21 @@ async def healthz(_request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     supervisor = state.supervisor
-    ready = supervisor.ready
+    ready = supervisor.ready and not state.draining
     client = supervisor.client
     body = {
         "ready": ready,
+        "draining": state.draining,
         "engine": supervisor.state.value,
-        "engine_pid": client.welcome.engine_pid if ready and client and client.welcome else None,
+        "engine_pid": client.welcome.engine_pid
+        if supervisor.ready and client and client.welcome
+        else None,
         "engine_restarts": supervisor.restarts,
         "vad_ready": bool(
-            ready and client and client.last_pong is not None and client.last_pong.vad_ready
+            supervisor.ready
+            and client
+            and client.last_pong is not None
+            and client.last_pong.vad_ready
         ),
     }
     return web.json_response(body, status=200 if ready else 503)

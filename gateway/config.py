@@ -56,6 +56,7 @@ class GatewaySettings:
     lease_renew_s: float = 3.0
     lease_policy: str = "fail-open"  # or "fail-closed", when Redis is unreachable
     retry_after_ms: int = 2000
+    drain_timeout_s: float = 30.0  # on SIGTERM: how long calls in progress may go on
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
@@ -88,6 +89,7 @@ class GatewaySettings:
                 max_wait_s=env_int(env, "GATEWAY_QUEUE_TIMEOUT_MS", 5000, minimum=1) / 1000,
             ),
             retry_after_ms=env_int(env, "GATEWAY_RETRY_AFTER_MS", 2000, minimum=0),
+            drain_timeout_s=float(env_int(env, "GATEWAY_DRAIN_TIMEOUT_S", 30, minimum=0)),
             voice_dir=Path(env["GATEWAY_VOICE_DIR"])
             if env.get("GATEWAY_VOICE_DIR")
             else Path.home() / ".local" / "share" / "ivr-gateway" / "voices",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field, replace
 
@@ -38,12 +40,22 @@ class GatewayState:
     backend: BackendInfo | None = None
     engine_max_text_chars: int = 5000
     calls: CallRegistry = field(default_factory=CallRegistry)
+    draining: bool = False  # shutting down: no new sessions, calls in progress finish
     _lease_of: dict[str, Lease] = field(default_factory=dict)
     _leased: dict[str, Session] = field(default_factory=dict)
+    _drained: asyncio.Event = field(default_factory=asyncio.Event)
 
     # --- per-tenant session limits (SessionLeases) ---------------------------------------
 
     async def acquire_lease(self, session: Session) -> None:
+        if self.draining:
+            self.metrics.rejections.labels(reason="shutting_down").inc()
+            raise SessionError(
+                "shutting_down",
+                "this gateway instance is shutting down; connect again",
+                CloseCode.TRY_AGAIN_LATER,
+                retry_after_ms=0,
+            )
         limit = session.max_streams or self.settings.tenant_max_streams
         try:
             lease = await self.leases.acquire(session.tenant, limit, session.id)
@@ -62,6 +74,8 @@ class GatewayState:
 
     async def release_lease(self, session: Session) -> None:
         self._leased.pop(session.id, None)
+        if not self._leased:
+            self._drained.set()
         lease = self._lease_of.pop(session.id, None)
         if lease is not None:
             await self.leases.release(lease)
@@ -78,6 +92,35 @@ class GatewayState:
                     CloseCode.TRY_AGAIN_LATER,
                 )
             )
+
+    async def drain(self, timeout_s: float) -> int:
+        """Graceful shutdown: refuse new sessions, let those in progress finish for up to
+        ``timeout_s``, then end the rest with ``shutting_down`` (1013: a client connects
+        again, to another instance). Returns how many had to be ended."""
+        self.draining = True
+        live = len(self._leased)
+        log.info("draining: %d session(s) in progress, waiting up to %.0f s", live, timeout_s)
+        if self._leased:
+            self._drained.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._drained.wait()
+        remaining = list(self._leased.values())
+        for session in remaining:
+            session.fail(
+                SessionError(
+                    "shutting_down",
+                    "this gateway instance is shutting down; connect again",
+                    CloseCode.TRY_AGAIN_LATER,
+                    retry_after_ms=0,
+                )
+            )
+        if remaining:
+            log.warning("draining: ended %d session(s) still open", len(remaining))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2.0):  # their close frames go out
+                    await self._drained.wait()
+        return len(remaining)
 
     def on_lease_store_error(self, op: str) -> None:
         self.metrics.lease_store_errors.labels(op=op, policy=self.settings.lease_policy).inc()

@@ -49,6 +49,7 @@ class GatewayProcess:
             "LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",
             "GATEWAY_VOICE_DIR": str(log_path.parent / "voices"),
+            "GATEWAY_DRAIN_TIMEOUT_S": "1",  # tests stop gateways with sessions still open
             **env,
         }
         self.env.pop("GATEWAY_JWT_PUBLIC_KEY", None)
