@@ -6,7 +6,7 @@ Names are prefixed ``gateway_``; help text on every metric. A registry per appli
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 LATENCY_BUCKETS = (
     0.005,
@@ -32,6 +32,8 @@ FINE_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        # process_* (CPU seconds, resident memory, open file descriptors) of this worker
+        ProcessCollector(registry=self.registry)
         r = self.registry
         self.sessions_active = Gauge(
             "gateway_sessions_active",
@@ -113,6 +115,13 @@ class GatewayMetrics:
             "engine_memory_used_bytes",
             "Memory the engine counts against its budget: GPU memory with a GPU backend, "
             "else the engine process's resident memory.",
+            registry=r,
+        )
+        self.engine_memory_budget = Gauge(
+            "engine_memory_budget_bytes",
+            "What engine_memory_used_bytes is measured against: GPU memory with a GPU "
+            "backend, else ENGINE_MEMORY_BUDGET_MB. New sessions are refused above "
+            "ENGINE_MEMORY_REJECT_PERCENT of it.",
             registry=r,
         )
         self.cache_hit_ratio = Gauge(

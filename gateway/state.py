@@ -156,6 +156,7 @@ class GatewayState:
         if pong is not None:
             self.metrics.gpu_memory_used.set(pong.gpu_used_bytes)
             self.metrics.engine_memory_used.set(pong.memory_used_bytes or pong.rss_bytes)
+            self.metrics.engine_memory_budget.set(pong.memory_budget_bytes)
 
     def session_limits(self) -> SessionLimits:
         limits = self.settings.limits
