@@ -67,6 +67,7 @@ def _relative(path: Path, docs: Path) -> str:
 
 def run_matrix(args: argparse.Namespace, argv: list[str], opts: LoadOptions) -> dict[str, Any]:
     started = datetime.now(UTC)
+    revision = source_revision(str(ROOT))  # what the servers will load, not what is there later
     make = target_factory(args.engine, max(args.levels))
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         levels = run_levels(make, args.servers, args.levels, opts, Path(tmp))
@@ -74,7 +75,7 @@ def run_matrix(args: argparse.Namespace, argv: list[str], opts: LoadOptions) -> 
         "command": _command(argv),
         "started": started.isoformat(timespec="seconds"),
         "machine": machine_info(),
-        "revision": source_revision(str(ROOT)),
+        "revision": revision,
         "options": dataclasses.asdict(opts),
         "levels": levels,
     }
@@ -82,6 +83,7 @@ def run_matrix(args: argparse.Namespace, argv: list[str], opts: LoadOptions) -> 
 
 def run_soak(args: argparse.Namespace, argv: list[str], opts: LoadOptions) -> dict[str, Any]:
     started = datetime.now(UTC)
+    revision = source_revision(str(ROOT))
     soak_opts = dataclasses.replace(opts, duration_s=args.soak, sample_s=5.0, progress_s=30.0)
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         target = GatewayTarget(Path(tmp), backend=args.engine, slots=max(512, args.soak_sessions))
@@ -95,7 +97,7 @@ def run_soak(args: argparse.Namespace, argv: list[str], opts: LoadOptions) -> di
         "command": _command(argv),
         "started": started.isoformat(timespec="seconds"),
         "machine": machine_info(),
-        "revision": source_revision(str(ROOT)),
+        "revision": revision,
         "options": dataclasses.asdict(soak_opts),
         "levels": [level],
         "soak": soak.analyze(level),
