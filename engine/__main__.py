@@ -128,6 +128,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.parent_pid is not None:
         _die_with_parent(args.parent_pid)
+    # Three threads share the GIL: the control loop, the synthesis scheduler and the VAD.
+    # With the default 5 ms switch interval, a thread that needs the GIL for a moment (an
+    # espeak callback, a control message) waits up to 5 ms each time the busy VAD thread
+    # holds it, and first audio suffers under duplex load. Hand over more often.
+    sys.setswitchinterval(float(os.environ.get("ENGINE_GIL_SWITCH_MS", "0.2")) / 1000)
     with contextlib.suppress(ImportError):
         import uvloop
 
