@@ -448,8 +448,7 @@ class Scheduler:
         start = utterance.start_pos if utterance.start_pos is not None else end
         if end > start:
             self._publish_boundary(stream, utterance.seq, end)
-        stream.utterances.popleft()
-        stream.resampler.reset()
+        stream.utterances.popleft()  # the resampler was cleared by its flush() above
         self._on_event(
             stream.owner,
             UtteranceEnd(
