@@ -7,14 +7,23 @@ audio itself (so features can be recomputed when a backend's version changes) an
 backend's features, under a key made of backend name, backend version, language and the
 audio's SHA-256, with a TTL.
 
-Redis keys (every command touches one key, so they work on Redis Cluster; a tenant's
-index carries the tenant hash tag)::
+A reference's audio and features are shared by every voice registered from the same
+audio (content-addressed); the store counts who uses them (``save_audio`` names the
+voice) and ``release_audio`` erases audio and features when the last voice using them is
+deleted.
 
-    {P:voice:<id>}                       record (JSON)
-    {P:tenant:<tenant>}:voices           set of the tenant's voice ids
-    {P:voice-audio:<sha>}                normalized reference PCM
-    {P:voice-features:<feature key>}     features blob (TTL)
-    {P:voice-features:<feature key>}:lock   extraction lock (SET NX PX)
+Redis keys (one hash tag per record, per tenant index and per reference, so every
+command and script touches one slot and works on Redis Cluster)::
+
+    {P:voice:<id>}                          record (JSON)
+    {P:tenant:<tenant>}:voices              set of the tenant's voice ids
+    {P:ref:<sha>}:audio                     normalized reference PCM
+    {P:ref:<sha>}:users                     set of the voice ids registered from it
+    {P:ref:<sha>}:variants                  set of <backend>:<version>:<language> with features
+    {P:ref:<sha>}:features:<variant>        features blob (TTL)
+    {P:ref:<sha>}:features:<variant>:lock   extraction lock (SET NX PX)
+
+Features are looked up by ``<backend>:<version>:<language>:<sha>``.
 
 Every storage failure is raised as :class:`StorageUnavailable`.
 """
@@ -57,8 +66,36 @@ class VoiceRecord:
         return cls(**obj)
 
 
+def split_feature_key(key: str) -> tuple[str, str]:
+    """``<backend>:<version>:<language>:<sha>`` -> (variant, sha)."""
+    variant, _, sha = key.rpartition(":")
+    if not variant or not sha:
+        raise ValueError(f"malformed feature key {key!r}")
+    return variant, sha
+
+
+# Drop one user of a reference; the last one out erases its audio and every features
+# variant (and their locks). KEYS: users, audio, variants; ARGV: voice id, the prefix
+# of the features keys. Every key shares the reference's hash tag.
+_RELEASE_SCRIPT = """
+redis.call('SREM', KEYS[1], ARGV[1])
+if redis.call('SCARD', KEYS[1]) > 0 then return 0 end
+for _, variant in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  redis.call('DEL', ARGV[2] .. variant, ARGV[2] .. variant .. ':lock')
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+return 1
+"""
+
+
 class VoiceStore(Protocol):
-    async def save_audio(self, sha: str, pcm: bytes) -> None: ...
+    async def save_audio(self, sha: str, pcm: bytes, user: str) -> None:
+        """Store reference ``sha`` (idempotent) and count voice ``user`` as using it."""
+
+    async def release_audio(self, sha: str, user: str) -> bool:
+        """``user`` no longer uses reference ``sha``; True when that erased it (audio and
+        features) because no voice uses it any more."""
+
     async def load_audio(self, sha: str) -> bytes | None: ...
     async def save_record(self, record: VoiceRecord) -> None: ...
     async def load_record(self, voice_id: str) -> VoiceRecord | None: ...
@@ -81,11 +118,15 @@ class RedisVoiceStore:
     def _k_index(self, tenant: str) -> str:
         return f"{{{self._p}:tenant:{tenant}}}:voices"
 
+    def _k_ref(self, sha: str) -> str:
+        return f"{{{self._p}:ref:{sha}}}"
+
     def _k_audio(self, sha: str) -> str:
-        return f"{{{self._p}:voice-audio:{sha}}}"
+        return self._k_ref(sha) + ":audio"
 
     def _k_features(self, key: str) -> str:
-        return f"{{{self._p}:voice-features:{key}}}"
+        variant, sha = split_feature_key(key)
+        return f"{self._k_ref(sha)}:features:{variant}"
 
     async def _call(self, coro: Any) -> Any:
         try:
@@ -93,8 +134,29 @@ class RedisVoiceStore:
         except (TimeoutError, RedisError, OSError) as exc:
             raise StorageUnavailable(type(exc).__name__) from None
 
-    async def save_audio(self, sha: str, pcm: bytes) -> None:
-        await self._call(self._r.set(self._k_audio(sha), pcm))
+    async def save_audio(self, sha: str, pcm: bytes, user: str) -> None:
+        async def transaction() -> None:
+            async with self._r.pipeline(transaction=True) as pipe:  # MULTI ... EXEC
+                pipe.sadd(self._k_ref(sha) + ":users", user)
+                pipe.set(self._k_audio(sha), pcm)
+                await pipe.execute()
+
+        await self._call(transaction())
+
+    async def release_audio(self, sha: str, user: str) -> bool:
+        ref = self._k_ref(sha)
+        erased = await self._call(
+            self._r.eval(
+                _RELEASE_SCRIPT,
+                3,
+                ref + ":users",
+                ref + ":audio",
+                ref + ":variants",
+                user,
+                ref + ":features:",
+            )
+        )
+        return bool(erased)
 
     async def load_audio(self, sha: str) -> bytes | None:
         value: bytes | None = await self._call(self._r.get(self._k_audio(sha)))
@@ -133,7 +195,15 @@ class RedisVoiceStore:
         return value
 
     async def save_features(self, key: str, blob: bytes, ttl_s: float) -> None:
-        await self._call(self._r.set(self._k_features(key), blob, px=int(ttl_s * 1000)))
+        variant, sha = split_feature_key(key)
+
+        async def transaction() -> None:
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.sadd(self._k_ref(sha) + ":variants", variant)
+                pipe.set(self._k_features(key), blob, px=int(ttl_s * 1000))
+                await pipe.execute()
+
+        await self._call(transaction())
 
     async def try_lock(self, key: str, ttl_s: float) -> bool:
         got = await self._call(
@@ -151,6 +221,7 @@ class FileVoiceStore:
     def __init__(self, root: Path) -> None:
         self._root = root
         self._locks: dict[str, float] = {}
+        self._refs_lock = asyncio.Lock()
 
     def _path(self, kind: str, name: str) -> Path:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
@@ -176,8 +247,37 @@ class FileVoiceStore:
         except OSError as exc:
             raise StorageUnavailable(str(exc)) from None
 
-    async def save_audio(self, sha: str, pcm: bytes) -> None:
-        await self._write(self._path("audio", sha), pcm)
+    async def save_audio(self, sha: str, pcm: bytes, user: str) -> None:
+        async with self._refs_lock:
+            users = await self._users(sha)
+            await self._write(self._path("audio", sha), pcm)
+            await self._write(self._path("users", sha), json.dumps(sorted(users | {user})).encode())
+
+    async def release_audio(self, sha: str, user: str) -> bool:
+        async with self._refs_lock:
+            users = await self._users(sha) - {user}
+            if users:
+                await self._write(self._path("users", sha), json.dumps(sorted(users)).encode())
+                return False
+
+            def erase() -> None:
+                for path in (self._path("audio", sha), self._path("users", sha)):
+                    path.unlink(missing_ok=True)
+                features = self._root / "features"
+                if features.is_dir():
+                    for path in features.iterdir():
+                        if path.name.endswith(sha):
+                            path.unlink(missing_ok=True)
+
+            try:
+                await asyncio.to_thread(erase)
+            except OSError as exc:
+                raise StorageUnavailable(str(exc)) from None
+            return True
+
+    async def _users(self, sha: str) -> set[str]:
+        data = await self._read(self._path("users", sha))
+        return set(json.loads(data)) if data else set()
 
     async def load_audio(self, sha: str) -> bytes | None:
         return await self._read(self._path("audio", sha))

@@ -77,6 +77,10 @@ class Lru(Generic[K, V]):
     def pop(self, key: K) -> None:
         self._items.pop(key, None)
 
+    def pop_where(self, predicate: Callable[[K], bool]) -> None:
+        for key in [k for k in self._items if predicate(k)]:
+            del self._items[key]
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -247,11 +251,12 @@ class VoiceRegistry:
         if name is not None and len(name) > MAX_NAME_CHARS:
             raise VoiceError("invalid_name", f"name over {MAX_NAME_CHARS} characters", 400)
         ref: ReferenceAudio = await asyncio.to_thread(process_reference, data)
+        voice_id = VOICE_ID_PREFIX + secrets.token_hex(8)
         try:
             await self.features(ref.sha256, language, audio=ref.pcm)
-            await self._store.save_audio(ref.sha256, ref.pcm)
+            await self._store.save_audio(ref.sha256, ref.pcm, voice_id)
             record = VoiceRecord(
-                id=VOICE_ID_PREFIX + secrets.token_hex(8),
+                id=voice_id,
                 tenant=tenant,
                 name=name or "Custom voice",
                 language=language,
@@ -262,6 +267,8 @@ class VoiceRegistry:
             )
             await self._store.save_record(record)
         except StorageUnavailable:
+            with contextlib.suppress(StorageUnavailable):  # nothing half-registered
+                await self._store.release_audio(ref.sha256, voice_id)
             raise VoiceError("storage_unavailable", "voice storage is unreachable", 503) from None
         self._records.put(record.id, (record, self._clock()))
         log.info("voice %s registered for tenant %s (%d ms)", record.id, tenant, ref.duration_ms)
@@ -304,9 +311,13 @@ class VoiceRegistry:
             return False
         try:
             await self._store.delete_record(record)
+            erased = await self._store.release_audio(record.audio_sha256, record.id)
         except StorageUnavailable:
             raise VoiceError("storage_unavailable", "voice storage is unreachable", 503) from None
         self._records.pop(voice_id)
+        if erased:  # no voice uses the reference any more: forget its features here too
+            self._features.pop_where(lambda key: key.endswith(":" + record.audio_sha256))
+        log.info("voice %s deleted (reference audio erased: %s)", voice_id, erased)
         return True
 
     async def profile(self, tenant: str, voice_id: str) -> tuple[str, bytes] | None:

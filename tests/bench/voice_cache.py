@@ -569,9 +569,14 @@ async def delete_prefix(redis_url: str, prefix: str) -> int:
 
 
 async def delete_features(client: aioredis.Redis, prefix: str) -> int:
-    """Deletes this run's features blobs (``{<prefix>:voice-features:...}``, see
+    """Deletes this run's features blobs (``{<prefix>:ref:<sha>}:features:...``, see
     gateway/voice_store.py), as a backend upgrade or the TTL would."""
-    keys = [k async for k in client.scan_iter(match=f"{{{prefix}:voice-features:*", count=1000)]
+    pattern = f"{{{prefix}:ref:*}}:features:*"
+    keys = [
+        k
+        async for k in client.scan_iter(match=pattern, count=1000)
+        if not k.endswith(b":lock" if isinstance(k, bytes) else ":lock")
+    ]
     if keys:
         await client.delete(*keys)
     return len(keys)

@@ -91,3 +91,53 @@ async def test_another_tenant_never_sees_the_voice(tmp_path: Path) -> None:
     assert await reg.get("other", RECORD.id) is None
     assert not await reg.delete("other", RECORD.id)
     assert await reg.get("acme", RECORD.id) == RECORD
+
+
+async def test_file_store_erases_a_reference_with_its_last_voice(tmp_path: Path) -> None:
+    store = FileVoiceStore(tmp_path)
+    sha = "ab" * 32
+    await store.save_audio(sha, b"\x00\x01" * 100, "vc_one")
+    await store.save_audio(sha, b"\x00\x01" * 100, "vc_two")
+    await store.save_features(f"espeak:1:en:{sha}", b"features", 60.0)
+    await store.save_features(f"espeak:1:en:{'cd' * 32}", b"other", 60.0)
+    assert not await store.release_audio(sha, "vc_one")
+    assert await store.load_audio(sha) is not None
+    assert await store.release_audio(sha, "vc_two")
+    assert await store.load_audio(sha) is None
+    assert await store.load_features(f"espeak:1:en:{sha}") is None
+    assert await store.load_features(f"espeak:1:en:{'cd' * 32}") == b"other"
+
+
+async def test_redis_store_erases_a_reference_with_its_last_voice() -> None:
+    import secrets
+
+    import redis.asyncio as aioredis
+
+    from gateway.voice_store import RedisVoiceStore
+
+    client = aioredis.from_url("redis://127.0.0.1:6379/0", socket_timeout=2.0)
+    prefix = "test-" + secrets.token_hex(4)
+    try:
+        await client.ping()
+    except Exception:
+        await client.aclose()
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    store = RedisVoiceStore(client, prefix=prefix)
+    sha, other = "ab" * 32, "cd" * 32
+    try:
+        await store.save_audio(sha, b"pcm", "vc_one")
+        await store.save_audio(sha, b"pcm", "vc_two")
+        await store.save_audio(other, b"pcm2", "vc_three")
+        await store.save_features(f"espeak:1:en:{sha}", b"f-en", 60.0)
+        await store.save_features(f"espeak:1:zh:{sha}", b"f-zh", 60.0)
+        assert await store.try_lock(f"espeak:1:en:{sha}", 60.0)
+        assert not await store.release_audio(sha, "vc_one")
+        assert await store.load_features(f"espeak:1:zh:{sha}") == b"f-zh"
+        assert await store.release_audio(sha, "vc_two")
+        keys = sorted([k.decode() async for k in client.scan_iter(match=f"{{{prefix}:*")])
+        assert keys == [f"{{{prefix}:ref:{other}}}:audio", f"{{{prefix}:ref:{other}}}:users"]
+        assert await store.load_audio(other) == b"pcm2"
+    finally:
+        async for key in client.scan_iter(match=f"{{{prefix}:*"):
+            await client.delete(key)
+        await client.aclose()

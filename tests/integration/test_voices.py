@@ -209,9 +209,44 @@ async def test_same_audio_registered_at_once_is_extracted_once(
     assert [status for status, _ in results] == [201, 201]
     after = [(await metrics(gw))["gateway_voice_extraction_seconds_count"] for gw in pair]
     assert sum(after) - sum(before) == 1  # one extraction across the two instances
-    keys = [k for k in redis.keys("*voice-features*") if not k.endswith(":lock")]
-    audio_keys = redis.keys("*voice-audio*")
+    keys = [k for k in redis.keys("*}:features:*") if not k.endswith(":lock")]
+    audio_keys = redis.keys("*}:audio")
     assert len(keys) == len(audio_keys)  # one features blob per distinct reference
+    assert len(redis.keys("*}:users")) == len(audio_keys)  # who uses each reference
+
+
+async def test_deleting_the_last_voice_of_a_reference_erases_its_audio(
+    pair: list[GatewayProcess], redis: RedisServer
+) -> None:
+    """Reference audio is biometric data: it goes when no voice uses it any more."""
+    a, b = pair
+    pcm, rate = espeak_reference("en-us+m7", pitch=35)
+    audio = wav_bytes(pcm, rate)
+    (s1, first), (s2, second) = (
+        await register(a, audio, name="One"),
+        await register(b, audio, tenant="globex", name="Two"),
+    )
+    assert s1 == s2 == 201
+    ref_keys_before = set(redis.keys("*:ref:*"))
+    assert any(k.endswith("}:audio") for k in ref_keys_before)
+
+    async def delete(gw: GatewayProcess, voice_id: str, tenant: str) -> int:
+        headers = {"Authorization": f"Bearer {writer_token(gw, tenant)}"}
+        async with aiohttp.ClientSession() as http:
+            return (await http.delete(f"{gw.base}/v1/voices/{voice_id}", headers=headers)).status
+
+    assert await delete(a, first["id"], "acme") == 204
+    # The other tenant's voice from the same audio still speaks, from its own instance.
+    assert len(await speak_pcm(b, second["id"], tenant="globex")) > 16000
+    assert set(redis.keys("*:ref:*")) == ref_keys_before
+    assert await delete(b, second["id"], "globex") == 204
+    erased = ref_keys_before - set(redis.keys("*:ref:*"))
+    sha_tags = {k.split("}")[0] for k in erased}
+    assert len(sha_tags) == 1  # exactly this reference's keys, all of them
+    (ref,) = sha_tags
+    assert not [k for k in redis.keys("*:ref:*") if k.startswith(ref + "}")]
+    assert {k[len(ref) + 1 :] for k in erased} >= {":audio", ":users", ":variants"}
+    assert any(k.startswith(ref + "}:features:") for k in erased)
 
 
 @pytest.mark.parametrize(
