@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 # Events are routed by the server: (owner token, message).
 EventSink = Callable[[object, Message], None]
+STATS_INTERVAL_S = 0.1
 PENDING_POLL_S = 0.004
 IDLE_WAIT_S = 0.5
 
@@ -145,6 +146,10 @@ class Scheduler:
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[int, _Stream] = {}
         self._order: deque[int] = deque()  # round-robin order of slots
+        # Slots whose ring, boundaries or head utterance may need work from _flush_all:
+        # touched by every command and synthesis for them; kept while output waits for
+        # ring space. _flush_all visits only these, not every stream.
+        self._dirty: dict[int, None] = {}
         self._generations: dict[int, int] = {}  # slot -> generation, written by loop thread
         self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
         self._stopping = False
@@ -214,9 +219,10 @@ class Scheduler:
     # --- worker thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        stats_at = 0.0
         while not self._stopping:
-            has_pending = any(s.pending or s.pending_boundaries for s in self._streams.values())
-            self._take_commands(PENDING_POLL_S if has_pending else IDLE_WAIT_S, block=True)
+            # After a flush only streams waiting for ring space stay dirty.
+            self._take_commands(PENDING_POLL_S if self._dirty else IDLE_WAIT_S, block=True)
             while True:
                 self._flush_all()
                 stream = self._next_ready()
@@ -226,6 +232,14 @@ class Scheduler:
                 self._take_commands(0, block=False)
                 if self._stopping:
                     return
+                now = time.monotonic()
+                if now - stats_at > STATS_INTERVAL_S:  # O(streams): not per segment
+                    stats_at = now
+                    self._update_queue_stats()
+            self._update_queue_stats()
+
+    def _update_queue_stats(self) -> None:
+        self.stats.queued_utterances = sum(len(s.utterances) for s in self._streams.values())
 
     def _take_commands(self, timeout: float, *, block: bool) -> None:
         try:
@@ -254,8 +268,8 @@ class Scheduler:
             self._accept_text(command)
         else:
             self._drop_work(command)
+        self._dirty[command.stream.slot if isinstance(command, _Open) else command.slot] = None
         self.stats.active_streams = len(self._streams)
-        self.stats.queued_utterances = sum(len(s.utterances) for s in self._streams.values())
 
     def _prepare(self, command: _Prepare) -> None:
         prepare = getattr(self._backend, "prepare_voice", None)
@@ -376,6 +390,7 @@ class Scheduler:
             log.exception("backend failed on stream %s", stream.stream_id)
             self._fail(stream, utterance, "engine_error", "synthesis failed")
         finally:
+            self._dirty[stream.slot] = None
             self.stats.segments += 1
             self.stats.synth_seconds += time.perf_counter() - started
 
@@ -418,7 +433,13 @@ class Scheduler:
             )
 
     def _flush_all(self) -> None:
-        for stream in list(self._streams.values()):
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, {}
+        for slot in dirty:
+            stream = self._streams.get(slot)
+            if stream is None:
+                continue  # closed
             while stream.pending_boundaries and stream.boundaries.append(
                 *stream.pending_boundaries[0]
             ):
@@ -433,6 +454,8 @@ class Scheduler:
                 self._announce(stream, utterance)
                 if not self._maybe_finish(stream, utterance):
                     break
+            if stream.pending or stream.pending_boundaries:
+                self._dirty[slot] = None  # waiting for ring space: retry next pass
 
     def _maybe_finish(self, stream: _Stream, utterance: _Utterance) -> bool:
         """End the head ``utterance`` if all of it is in the ring; True if it ended."""
