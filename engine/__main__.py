@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     # With the default 5 ms switch interval, a thread that needs the GIL for a moment (an
     # espeak callback, a control message) waits up to 5 ms each time the busy VAD thread
     # holds it, and first audio suffers under duplex load. Hand over more often.
-    sys.setswitchinterval(float(os.environ.get("ENGINE_GIL_SWITCH_MS", "0.2")) / 1000)
+    sys.setswitchinterval(float(os.environ.get("ENGINE_GIL_SWITCH_MS", "1")) / 1000)
     with contextlib.suppress(ImportError):
         import uvloop
 
