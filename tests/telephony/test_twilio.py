@@ -823,3 +823,16 @@ def test_every_error_code_is_exercised() -> None:
         "invalid_mark_name",
         "too_many_marks",
     }
+
+
+def test_media_builder_matches_build_media_character_for_character() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from telephony.twilio import build_media, media_builder
+
+    @given(sid=st.text(min_size=1, max_size=40), audio=st.binary(min_size=1, max_size=400))
+    def check(sid: str, audio: bytes) -> None:
+        assert media_builder(sid)(audio) == build_media(sid, audio)
+
+    check()
