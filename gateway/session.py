@@ -528,7 +528,12 @@ class Session:
 
     @property
     def has_work(self) -> bool:
-        return self.playback is not None and not self.playback.idle
+        return (
+            self.stream is not None
+            and self.playback is not None
+            and not self.playback.idle
+            and self.state is not SessionState.CLOSED
+        )
 
     def _record_finished(self, playback: Playback) -> None:
         for item in playback.finished:
@@ -602,6 +607,8 @@ class Session:
                 await stream.close()
         if self.playback is not None:
             self._record_finished(self.playback)
+        # Engine events that arrived while we awaited above may have woken us again.
+        self._pacer.discard(self)
         log.info(
             "session %s ended: frames=%d underruns=%d", self.id, self.frames_sent, self.underruns
         )

@@ -649,3 +649,25 @@ def test_frames_are_the_written_pcm_padded_per_utterance(
         raise AssertionError("playback did not drain")
     assert pb.next_frame(ring, now).status is FrameStatus.IDLE
     _check_timeline(items, audio, marks)
+
+
+def test_boundary_records_are_drained_even_when_the_end_is_already_known():
+    """The engine publishes a boundary for every utterance; when UtteranceEnd arrives
+    first (the usual case for a short prompt), the record must still be read, or the
+    bounded boundary ring fills up after a few hundred utterances and the engine stops
+    writing the stream's audio (the session goes silent)."""
+    ring = make_ring()
+    bnd = make_ring(64 * 16)  # room for 64 records
+    writer = BoundaryWriter(bnd)
+    pb = Playback(sample_rate=RATE, frame_bytes=FRAME, boundaries=BoundaryReader(bnd))
+    for seq in range(1, 301):
+        pb.enqueue_utterance(seq, f"u{seq}", 0.0)
+        data = pcm(2 * FRAME, seq)
+        start = ring.write_pos
+        ring.write(data)
+        assert writer.append(seq, ring.write_pos), f"boundary ring full at utterance {seq}"
+        pb.on_audio(seq, start, 0.0)
+        pb.on_end(seq, start, ring.write_pos, len(data) // 2)
+        items = drain(pb, ring)
+        assert frames_of(items) == [data[:FRAME], data[FRAME:]]
+        assert bnd.readable_bytes() == 0

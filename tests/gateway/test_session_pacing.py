@@ -642,7 +642,7 @@ async def test_aclose_closes_the_stream_once():
     await h.session.aclose("again")
     assert h.session.state is SessionState.CLOSED
     assert h.stream.closed == 1
-    assert h.pacer.discarded == 2
+    assert h.pacer.discarded == 4  # at the start and the end of each aclose
     assert h.session.pump(h.clock()) == 0
 
 
@@ -764,3 +764,32 @@ def test_transition_table_shape():
         if state is not SessionState.CLOSED:
             assert SessionState.CLOSED in _TRANSITIONS[state]
     assert _TRANSITIONS[SessionState.DRAINING] == frozenset({SessionState.CLOSED})
+
+
+async def test_engine_events_during_close_do_not_leave_the_session_in_the_pacer():
+    """A caller hangs up while synthesis runs: engine events that arrive while the
+    session awaits its lease release and stream close must not re-register it with the
+    pacer for good."""
+    h = await started()
+    active: set[Session] = set()
+    h.pacer.wake = lambda session: active.add(session)  # type: ignore[method-assign]
+    h.pacer.discard = lambda session: active.discard(session)  # type: ignore[method-assign]
+    h.session.speak("Hello there.")
+    seq = h.last_seq()
+    gate = asyncio.Event()
+    original_close = h.stream.close
+
+    async def slow_close(timeout: float = 2.0) -> None:
+        await gate.wait()
+        await original_close(timeout)
+
+    h.stream.close = slow_close  # type: ignore[method-assign]
+    closing = asyncio.create_task(h.session.aclose("caller hung up"))
+    await settle()
+    h.stream.outbound.write(pcm(3))
+    h.session.on_utterance_audio(UtteranceAudio(stream_id=1, utterance=seq, start_pos=0))
+    assert h.session in active  # woken while closing
+    gate.set()
+    await closing
+    assert h.session not in active
+    assert not h.session.has_work

@@ -15,7 +15,7 @@ from telephony import g711
 from telephony.ogg_opus import OggOpusWriter
 from telephony.opus import OpusDecoder
 from tests.integration.conftest import Connect
-from tests.integration.harness import GatewayProcess
+from tests.integration.harness import GatewayProcess, NativeClient
 
 PROMPT = "Thank you for calling. Your call is important to us."
 FRAME_BYTES = {
@@ -288,3 +288,25 @@ async def test_voices_health_and_metrics(gateway: GatewayProcess) -> None:
         "gateway_errors_total",
     ):
         assert name in text
+
+
+async def test_a_long_call_keeps_speaking_after_hundreds_of_prompts(tmp_path: Path) -> None:
+    """Every utterance leaves a record in the stream's bounded boundary ring (about 256):
+    a long IVR call must keep getting audio well past that many prompts. (A burst lead of
+    ten minutes lets 320 prompts play out in seconds.)"""
+    gw = GatewayProcess(tmp_path / "gw.log", ENGINE_VAD="0", GATEWAY_BURST_LEAD_MS="600000")
+    gw.start()
+    client = await NativeClient.connect(gw.ws_url, gw.token())
+    try:
+        await client.start("en-us", "mulaw_8000", pacing="burst", speed=4.0)
+        for batch in range(10):  # 32 at a time: the session's queue holds 64
+            ids = [f"p{batch}-{i}" for i in range(32)]
+            for utterance_id in ids:
+                await client.send(type="speak", text="One.", utterance_id=utterance_id)
+            await client.wait_event("utterance_done", timeout=20, utterance_id=ids[-1])
+        done = client.got.of_type("utterance_done")
+        assert len(done) == 320 and all(d["audio_ms"] > 0 for d in done)
+        assert not client.got.of_type("error")
+    finally:
+        await client.aclose()
+        gw.stop()
