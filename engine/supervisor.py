@@ -179,7 +179,12 @@ class EngineSupervisor:
             ]
             if os.path.exists(self.socket_path):
                 os.unlink(self.socket_path)
-            self.process = await asyncio.create_subprocess_exec(*cmd, env=self.settings.env)
+            # Its own session: a Ctrl-C or a signal to the gateway's process group must not
+            # stop the engine under a draining gateway (the gateway stops it when it is
+            # done; the engine dies with its parent by PR_SET_PDEATHSIG and --parent-pid).
+            self.process = await asyncio.create_subprocess_exec(
+                *cmd, env=self.settings.env, start_new_session=True
+            )
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

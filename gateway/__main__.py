@@ -136,9 +136,13 @@ async def _serve_until_signalled(
         await site.start()
         listening()
         await stop.wait()
-        log.info("shutting down: no new connections")
+        log.info("shutting down: no new connections (a second signal skips the drain)")
         await site.stop()
-        await app[STATE_KEY].drain(settings.drain_timeout_s)
+        drain = asyncio.create_task(app[STATE_KEY].drain(settings.drain_timeout_s))
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, drain.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await drain
     finally:
         await runner.cleanup()
 

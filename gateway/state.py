@@ -20,10 +20,19 @@ from gateway.errors import CloseCode, SessionError
 from gateway.leases import Lease, LeaseError, TenantLeases
 from gateway.metrics import GatewayMetrics
 from gateway.pacer import Pacer
-from gateway.session import Session, SessionLimits
+from gateway.session import Session, SessionLimits, SessionState
 from gateway.voices import VOICE_ID_PREFIX, BackendInfo, VoiceError, VoiceRegistry
 
 log = logging.getLogger(__name__)
+
+
+def _shutting_down() -> SessionError:
+    return SessionError(
+        "shutting_down",
+        "this gateway instance is shutting down; connect again",
+        CloseCode.TRY_AGAIN_LATER,
+        retry_after_ms=0,
+    )
 
 
 @dataclass
@@ -41,6 +50,7 @@ class GatewayState:
     engine_max_text_chars: int = 5000
     calls: CallRegistry = field(default_factory=CallRegistry)
     draining: bool = False  # shutting down: no new sessions, calls in progress finish
+    live: set[Session] = field(default_factory=set)  # every connection's session
     _lease_of: dict[str, Lease] = field(default_factory=dict)
     _leased: dict[str, Session] = field(default_factory=dict)
     _drained: asyncio.Event = field(default_factory=asyncio.Event)
@@ -50,12 +60,7 @@ class GatewayState:
     async def acquire_lease(self, session: Session) -> None:
         if self.draining:
             self.metrics.rejections.labels(reason="shutting_down").inc()
-            raise SessionError(
-                "shutting_down",
-                "this gateway instance is shutting down; connect again",
-                CloseCode.TRY_AGAIN_LATER,
-                retry_after_ms=0,
-            )
+            raise _shutting_down()
         limit = session.max_streams or self.settings.tenant_max_streams
         try:
             lease = await self.leases.acquire(session.tenant, limit, session.id)
@@ -74,8 +79,6 @@ class GatewayState:
 
     async def release_lease(self, session: Session) -> None:
         self._leased.pop(session.id, None)
-        if not self._leased:
-            self._drained.set()
         lease = self._lease_of.pop(session.id, None)
         if lease is not None:
             await self.leases.release(lease)
@@ -93,30 +96,36 @@ class GatewayState:
                 )
             )
 
+    def track(self, session: Session) -> None:
+        """A connection's session exists (from the upgrade until its socket is done)."""
+        self.live.add(session)
+
+    def untrack(self, session: Session) -> None:
+        self.live.discard(session)
+        if not self.live:
+            self._drained.set()
+
     async def drain(self, timeout_s: float) -> int:
         """Graceful shutdown: refuse new sessions, let those in progress finish for up to
         ``timeout_s``, then end the rest with ``shutting_down`` (1013: a client connects
-        again, to another instance). Returns how many had to be ended."""
+        again, to another instance). Connections that never started are told at once.
+        Returns how many had to be ended at the timeout."""
         self.draining = True
-        live = len(self._leased)
-        log.info("draining: %d session(s) in progress, waiting up to %.0f s", live, timeout_s)
-        if self._leased:
+        for session in list(self.live):
+            if session.state is SessionState.AWAITING_START:
+                session.fail(_shutting_down())
+        log.info("draining: %d session(s) in progress, up to %.0f s", len(self.live), timeout_s)
+        if self.live:
             self._drained.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
                     await self._drained.wait()
-        remaining = list(self._leased.values())
+        remaining = [s for s in self.live if s.state is not SessionState.CLOSED]
         for session in remaining:
-            session.fail(
-                SessionError(
-                    "shutting_down",
-                    "this gateway instance is shutting down; connect again",
-                    CloseCode.TRY_AGAIN_LATER,
-                    retry_after_ms=0,
-                )
-            )
-        if remaining:
-            log.warning("draining: ended %d session(s) still open", len(remaining))
+            session.fail(_shutting_down())
+        if self.live:
+            if remaining:
+                log.warning("draining: ended %d session(s) still open", len(remaining))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2.0):  # their close frames go out
                     await self._drained.wait()

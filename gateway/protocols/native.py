@@ -297,6 +297,7 @@ class NativeConnection:
         metrics.sessions_active.labels(protocol=self.protocol).inc()
         metrics.sessions_total.labels(protocol=self.protocol).inc()
         receiver = asyncio.create_task(self._receive(), name=f"recv-{session.id}")
+        self._state.track(session)
         try:
             waits: list[asyncio.Future[Any]] = [receiver, session.done]
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -314,6 +315,7 @@ class NativeConnection:
             if self.call is not None:
                 self.call.subscribers.discard(self)
             await session.aclose("socket closed")
+            self._state.untrack(session)
             metrics.sessions_active.labels(protocol=self.protocol).dec()
 
     async def _receive(self) -> None:

@@ -235,6 +235,7 @@ class TelephonyLeg(abc.ABC):
         metrics.sessions_active.labels(protocol=self.protocol).inc()
         metrics.sessions_total.labels(protocol=self.protocol).inc()
         receiver = asyncio.create_task(self._receive(), name=f"{self.protocol}-recv")
+        self._state.track(self.session)
         try:
             waits: list[asyncio.Future[Any]] = [receiver, self.session.done]
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -248,6 +249,7 @@ class TelephonyLeg(abc.ABC):
                 await receiver
             self._writer.closed = True
             await self._end("leg closed")
+            self._state.untrack(self.session)
             metrics.sessions_active.labels(protocol=self.protocol).dec()
 
     async def _receive(self) -> None:

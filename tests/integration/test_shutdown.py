@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from pathlib import Path
@@ -70,5 +71,48 @@ async def test_sessions_still_open_after_the_drain_timeout_are_told_to_reconnect
         finally:
             await client.aclose()
         assert await asyncio.to_thread(_exited_within, gw, 15) == 0
+    finally:
+        gw.stop()
+
+
+async def test_a_connection_that_never_started_is_told_at_once(tmp_path: Path) -> None:
+    gw = GatewayProcess(tmp_path / "gw.log", GATEWAY_DRAIN_TIMEOUT_S="30", ENGINE_VAD="0")
+    gw.start()
+    try:
+        idle = await NativeClient.connect(gw.ws_url, gw.token())  # no start yet
+        busy = await NativeClient.connect(gw.ws_url, gw.token())
+        try:
+            await busy.start("en-us", "mulaw_8000")
+            await busy.send(type="speak", text=LONG_PROMPT, utterance_id="u1")
+            await busy.wait_event("utterance_started", timeout=10)
+            assert gw.proc is not None
+            sent = time.monotonic()
+            gw.proc.send_signal(signal.SIGTERM)
+            error = await idle.wait_event("error", timeout=5)
+            assert error["code"] == "shutting_down"
+            assert await idle.wait_closed(5) == 1013
+            assert time.monotonic() - sent < 2
+            # The call in progress is not cut short by it.
+            await busy.wait_event("utterance_done", timeout=20, utterance_id="u1")
+            await busy.send(type="close")
+            assert await busy.wait_closed(10) == 1000
+        finally:
+            await idle.aclose()
+            await busy.aclose()
+        assert await asyncio.to_thread(_exited_within, gw, 15) == 0
+    finally:
+        gw.stop()
+
+
+def test_the_engine_is_outside_the_gateways_process_group(tmp_path: Path) -> None:
+    """Ctrl-C in a terminal (or systemd's control-group kill) signals the whole process
+    group: the engine must not stop under a gateway that is draining its calls."""
+    gw = GatewayProcess(tmp_path / "gw.log", ENGINE_VAD="0")
+    gw.start()
+    try:
+        assert gw.proc is not None
+        engine = gw.engine_pid()
+        assert os.getpgid(engine) != os.getpgid(gw.proc.pid)
+        assert os.getsid(engine) == engine  # a session of its own
     finally:
         gw.stop()
