@@ -255,19 +255,46 @@ class NativeCall(CallDriver, wsclient.WsListener):
 
 
 class _AppListener(wsclient.WsListener):
-    """The IVR application's native session attached to a Twilio call."""
+    """One attach attempt of the IVR application: its own futures, so that a refused
+    attempt's late close cannot disturb the attempt after it."""
 
     def __init__(self, call: TwilioCall) -> None:
+        loop = asyncio.get_running_loop()
         self._call = call
+        self.attached: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self.closed: asyncio.Future[None] = loop.create_future()
 
     def on_binary(self, t: float, payload: bytes) -> None:
-        self._call._server_error("client:unexpected_binary")
+        if self._call._app_listener is self:
+            self._call._server_error("client:unexpected_binary")
 
     def on_text(self, t: float, text: str) -> None:
-        self._call._app_text(text)
+        try:
+            message = json.loads(text)
+            kind = message.get("type")
+        except (ValueError, AttributeError):
+            self._call._server_error("client:bad_server_message")
+            return
+        if kind == "ready" and not self.attached.done():
+            self.attached.set_result(message)
+        elif kind == "error" and not self.attached.done():
+            code = str(message.get("code"))
+            self.attached.set_exception(CallFailed(code))
+            self.attached.exception()
+            if code != "unknown_call":  # retried: not an error of the run
+                self._call._server_error(code)
+        elif self._call._app_listener is self:
+            self._call._app_message(kind, message)
 
     def on_closed(self, code: int | None, reason: str) -> None:
-        self._call._app_closed(code, reason)
+        label = f"client:closed_{code}" if code is not None else "client:connection_lost"
+        if not self.attached.done():
+            self.attached.set_exception(CallFailed(label, reason))
+            self.attached.exception()
+        if not self.closed.done():
+            self.closed.set_result(None)
+        if self._call._app_listener is self and self.attached.exception() is None:
+            self._call._lost(label)  # the attached application lost its session
 
 
 class TwilioCall(CallDriver, wsclient.WsListener):
@@ -289,9 +316,8 @@ class TwilioCall(CallDriver, wsclient.WsListener):
         super().__init__(spec, recorder)
         self._leg: wsclient.WsProtocol | None = None
         self._app: wsclient.WsProtocol | None = None
-        self._attached: asyncio.Future[dict[str, Any]] | None = None
+        self._app_listener: _AppListener | None = None
         self._leg_closed: asyncio.Future[None] | None = None
-        self._app_closed_f: asyncio.Future[None] | None = None
         self._call_sid = "CA" + uuid.uuid4().hex
         self._stream_sid = "MZ" + uuid.uuid4().hex
         self._sequence = itertools.count(1)
@@ -343,7 +369,9 @@ class TwilioCall(CallDriver, wsclient.WsListener):
                     code = await self._attach_once()
                     if code is None:
                         break
-                    if code != "unknown_call" or not self.alive:
+                    if not self.alive:
+                        raise CallFailed(self._lost_reason or code)
+                    if code != "unknown_call":
                         raise CallFailed(code)
                     await asyncio.sleep(self._ATTACH_RETRY_S)
         except TimeoutError:
@@ -352,21 +380,21 @@ class TwilioCall(CallDriver, wsclient.WsListener):
 
     async def _attach_once(self) -> str | None:
         """One attach attempt; None when attached, else the error code that refused it."""
-        loop = asyncio.get_running_loop()
-        self._attached = loop.create_future()
-        self._app_closed_f = loop.create_future()
+        listener = _AppListener(self)
         headers = {"Authorization": f"Bearer {self.spec.token}"} if self.spec.token else {}
         try:
-            self._app = await wsclient.connect(
-                self.spec.url, headers, _AppListener(self), timeout=self.spec.connect_timeout_s
+            app = await wsclient.connect(
+                self.spec.url, headers, listener, timeout=self.spec.connect_timeout_s
             )
         except (OSError, TimeoutError, wsclient.WsProtocolError) as exc:
             raise CallFailed("client:connect_failed", repr(exc)) from None
-        self._app.send_text(json.dumps({"type": "start", "call": self._call_sid}))
+        app.send_text(json.dumps({"type": "start", "call": self._call_sid}))
         try:
-            await self._attached
+            await listener.attached
         except CallFailed as exc:
+            app.abort()  # refused: this socket is done; its late events are ignored
             return exc.code
+        self._app, self._app_listener = app, listener
         return None
 
     async def close(self) -> None:
@@ -382,7 +410,9 @@ class TwilioCall(CallDriver, wsclient.WsListener):
                     }
                 )
             )
-        waits = [f for f in (self._leg_closed, self._app_closed_f) if f is not None]
+        waits = [self._leg_closed] if self._leg_closed is not None and leg is not None else []
+        if self._app_listener is not None:
+            waits.append(self._app_listener.closed)
         try:
             async with asyncio.timeout(3.0):
                 await asyncio.gather(*(asyncio.shield(f) for f in waits))
@@ -456,38 +486,12 @@ class TwilioCall(CallDriver, wsclient.WsListener):
             self._leg_closed.set_result(None)
         self._lost(f"client:leg_closed_{code}" if code is not None else "client:connection_lost")
 
-    # the application
-    def _app_text(self, text: str) -> None:
-        try:
-            message = json.loads(text)
-            kind = message.get("type")
-        except (ValueError, AttributeError):
-            self._server_error("client:bad_server_message")
-            return
-        attached = self._attached
+    # the application (the current attempt's listener forwards what it does not handle)
+    def _app_message(self, kind: object, message: dict[str, Any]) -> None:
         if kind == "utterance_done":
             self._utterance_done(str(message.get("utterance_id")), message.get("first_audio_ms"))
         elif kind == "error":
-            code = str(message.get("code"))
-            if attached is not None and not attached.done():
-                attached.set_exception(CallFailed(code))
-                attached.exception()
-                if code == "unknown_call":
-                    return  # retried: not an error of the run
-            self._server_error(code)
-        elif kind == "ready" and attached is not None and not attached.done():
-            attached.set_result(message)
-
-    def _app_closed(self, code: int | None, reason: str) -> None:
-        attached = self._attached
-        label = f"client:closed_{code}" if code is not None else "client:connection_lost"
-        if attached is not None and not attached.done():
-            attached.set_exception(CallFailed(label, reason))
-            attached.exception()
-        if self._app_closed_f is not None and not self._app_closed_f.done():
-            self._app_closed_f.set_result(None)
-        if attached is not None and attached.done() and attached.exception() is None:
-            self._lost(label)  # the attached application lost its session
+            self._server_error(str(message.get("code")))
 
 
 DRIVERS: dict[str, type[CallDriver]] = {
