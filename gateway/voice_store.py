@@ -255,6 +255,8 @@ class FileVoiceStore:
 
     async def release_audio(self, sha: str, user: str) -> bool:
         async with self._refs_lock:
+            if await self._read(self._path("users", sha)) is None:
+                return False  # stored before users were counted: keep it, others may use it
             users = await self._users(sha) - {user}
             if users:
                 await self._write(self._path("users", sha), json.dumps(sorted(users)).encode())

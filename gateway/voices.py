@@ -289,7 +289,9 @@ class VoiceRegistry:
                     raise VoiceError(
                         "storage_unavailable", "voice storage is unreachable", 503
                     ) from None
-                # the store is down: keep speaking with what this instance knows
+                # The store is down: keep speaking with what this instance knows, and do
+                # not ask again (paying a timeout per session start) for another TTL.
+                self._records.put(voice_id, (record, now))
             else:
                 if record is None:
                     self._records.pop(voice_id)  # deleted, possibly through another instance
@@ -311,8 +313,17 @@ class VoiceRegistry:
             return False
         try:
             await self._store.delete_record(record)
+        except StorageUnavailable:
+            raise VoiceError("storage_unavailable", "voice storage is unreachable", 503) from None
+        try:
             erased = await self._store.release_audio(record.audio_sha256, record.id)
         except StorageUnavailable:
+            # The voice is gone; its reference may outlive it. Say so where operators look.
+            log.error(
+                "voice %s deleted but its reference audio %s could not be released",
+                voice_id,
+                record.audio_sha256,
+            )
             raise VoiceError("storage_unavailable", "voice storage is unreachable", 503) from None
         self._records.pop(voice_id)
         if erased:  # no voice uses the reference any more: forget its features here too
