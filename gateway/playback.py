@@ -228,19 +228,13 @@ class Playback:
     def _frame_from(
         self, head: QueuedUtterance, ring: RingReader, now: float, result: FrameResult
     ) -> FrameStatus:
-        write_pos = ring.write_pos  # before the boundaries: see engine.boundaries
-        if self._boundaries is not None:
-            # Always drain, even when the engine's UtteranceEnd already told us where the
-            # head ends: the boundary ring is bounded, and an engine that cannot publish a
-            # boundary stops writing that stream's audio until it can.
-            for seq, end_pos in self._boundaries.drain():
-                item = self._by_seq.get(seq)
-                if item is not None and item.end_pos is None:
-                    item.end_pos = end_pos
         if head.start_pos is None:
             return FrameStatus.IDLE if head.ended else FrameStatus.WAITING
         if ring.read_pos < head.start_pos:
             ring.discard_until(head.start_pos)  # leftovers of dropped work
+        write_pos = ring.write_pos  # before the boundaries: see engine.boundaries
+        if head.end_pos is None:
+            self._drain_boundaries()
         # Until its end is known, every byte written belongs to the head utterance.
         limit = write_pos if head.end_pos is None else min(head.end_pos, write_pos)
         available = max(0, limit - ring.read_pos)
@@ -258,7 +252,19 @@ class Playback:
         result.frame = frame
         return FrameStatus.FRAME
 
+    def _drain_boundaries(self) -> None:
+        if self._boundaries is None:
+            return
+        for seq, end_pos in self._boundaries.drain():
+            item = self._by_seq.get(seq)
+            if item is not None and item.end_pos is None:
+                item.end_pos = end_pos
+
     def _finish(self, head: QueuedUtterance, now: float, events: list[SessionEvent]) -> None:
+        # Read the boundary records once per utterance even when the engine's UtteranceEnd
+        # told us the end first (the usual case for a short prompt): the ring is bounded,
+        # and an engine that cannot publish a boundary stops writing the stream's audio.
+        self._drain_boundaries()
         self._pop(now)
         if head.error is not None:
             events.append(head.error)
