@@ -249,15 +249,16 @@ class FileVoiceStore:
 
     async def save_audio(self, sha: str, pcm: bytes, user: str) -> None:
         async with self._refs_lock:
-            users = await self._users(sha)
+            users = await self._users(sha) or set()
             await self._write(self._path("audio", sha), pcm)
             await self._write(self._path("users", sha), json.dumps(sorted(users | {user})).encode())
 
     async def release_audio(self, sha: str, user: str) -> bool:
         async with self._refs_lock:
-            if await self._read(self._path("users", sha)) is None:
+            users = await self._users(sha)
+            if users is None:
                 return False  # stored before users were counted: keep it, others may use it
-            users = await self._users(sha) - {user}
+            users.discard(user)
             if users:
                 await self._write(self._path("users", sha), json.dumps(sorted(users)).encode())
                 return False
@@ -277,9 +278,10 @@ class FileVoiceStore:
                 raise StorageUnavailable(str(exc)) from None
             return True
 
-    async def _users(self, sha: str) -> set[str]:
+    async def _users(self, sha: str) -> set[str] | None:
+        """The voices using reference ``sha``; None if it has no users file."""
         data = await self._read(self._path("users", sha))
-        return set(json.loads(data)) if data else set()
+        return None if data is None else set(json.loads(data))
 
     async def load_audio(self, sha: str) -> bytes | None:
         return await self._read(self._path("audio", sha))

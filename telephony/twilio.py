@@ -264,13 +264,12 @@ def build_media(stream_sid: str, mulaw: bytes) -> str:
     ``{"event":"media","streamSid":...,"media":{"payload":...}}``. "The audio can be of
     any size"; one 20 ms frame is :data:`MULAW_FRAME_BYTES` (160) bytes.
     """
-    payload = base64.b64encode(mulaw).decode("ascii")
-    return _dumps({"event": "media", "streamSid": stream_sid, "media": {"payload": payload}})
+    return media_builder(stream_sid)(mulaw)
 
 
 def media_builder(stream_sid: str) -> Callable[[bytes], str]:
-    """:func:`build_media` for one stream, character for character, without building and
-    serializing a dict per frame (base64 needs no JSON escaping)."""
+    """:func:`build_media` for one stream: the compact JSON text with the stream's part
+    built once, not a dict serialized per frame (base64 needs no JSON escaping)."""
     head = '{"event":"media","streamSid":' + json.dumps(stream_sid, ensure_ascii=False)
     head += ',"media":{"payload":"'
     b64encode = base64.b64encode
