@@ -20,12 +20,11 @@ from tests.bench.targets import GatewayTarget
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def level(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    target = GatewayTarget(tmp_path_factory.mktemp("gateway"))
-    target.start()
-    opts = LoadOptions(
-        duration_s=30.0,  # an upper bound: the level ends when every call spoke its prompts
+def smoke_options(**overrides: Any) -> LoadOptions:
+    """Two quick prompts per call; the duration is an upper bound: the level ends when
+    every call spoke its prompts."""
+    defaults: dict[str, Any] = dict(
+        duration_s=30.0,
         think_min_s=0.05,
         think_max_s=0.2,
         max_prompts=2,
@@ -34,8 +33,15 @@ def level(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         progress_s=60.0,
         drain_s=5.0,
     )
+    return LoadOptions(**{**defaults, **overrides})
+
+
+@pytest.fixture(scope="module")
+def level(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    target = GatewayTarget(tmp_path_factory.mktemp("gateway"))
+    target.start()
     try:
-        return run_level(target, 3, opts, log=lambda _line: None)
+        return run_level(target, 3, smoke_options(), log=lambda _line: None)
     finally:
         target.stop()
 
@@ -118,19 +124,8 @@ def test_twilio_calls_driven_by_attached_applications(tmp_path: Path) -> None:
     IVR application attached over the native protocol, audio counted from ``media``."""
     target = GatewayTarget(tmp_path)
     target.start()
-    opts = LoadOptions(
-        duration_s=30.0,
-        think_min_s=0.05,
-        think_max_s=0.2,
-        max_prompts=2,
-        settle_s=0.2,
-        sample_s=0.5,
-        progress_s=60.0,
-        drain_s=5.0,
-        protocol="twilio",
-        caller_audio=True,
-    )
     try:
+        opts = smoke_options(protocol="twilio", caller_audio=True)
         level = run_level(target, 2, opts, log=lambda _line: None)
     finally:
         target.stop()

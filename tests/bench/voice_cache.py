@@ -332,16 +332,8 @@ async def gateway_mix(
         after_all = await scrape(http, gw.base)
     after = gateway_cache_counters(after_all)
     delta = {k: after[k] - before[k] for k in after}
-    lookups = delta["l1_hits"] + delta["l1_misses"]
     return {
-        "session_starts": len(draws),
-        "lookups": lookups,
-        "l1_hits": delta["l1_hits"],
-        "l2_hits": delta["l2_hits"],
-        "misses": delta["l2_misses"],
-        "extractions": delta["extractions"],
-        "l1_hit_ratio": delta["l1_hits"] / lookups if lookups else 0.0,
-        "hit_ratio": (delta["l1_hits"] + delta["l2_hits"]) / lookups if lookups else 0.0,
+        **mix_counts(len(draws), delta),
         "cosy2_cache_hit_ratio_gauge": after_all["cosy2_cache_hit_ratio"],
         "start_to_ready": summary(ready_ms),
     }
@@ -449,6 +441,21 @@ def check(delta: dict[str, float], expected: dict[str, float], what: str) -> Non
         raise RuntimeError(f"{what}: counters (got, expected) {wrong}; the timing is not valid")
 
 
+def mix_counts(session_starts: int, delta: dict[str, float]) -> dict[str, Any]:
+    """Hits per level and hit ratios of a call mix, from counter differences."""
+    lookups = delta["l1_hits"] + delta["l1_misses"]
+    return {
+        "session_starts": session_starts,
+        "lookups": lookups,
+        "l1_hits": delta["l1_hits"],
+        "l2_hits": delta["l2_hits"],
+        "misses": delta["l2_misses"],
+        "extractions": delta["extractions"],
+        "l1_hit_ratio": delta["l1_hits"] / lookups if lookups else 0.0,
+        "hit_ratio": (delta["l1_hits"] + delta["l2_hits"]) / lookups if lookups else 0.0,
+    }
+
+
 def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {k: after[k] - before[k] for k in after}
 
@@ -532,19 +539,11 @@ async def registry_mix(
             log(f"in-process session starts: {i}/{len(draws)}")
     after = counters.snapshot()
     delta = diff(after, before)
-    lookups = delta["l1_hits"] + delta["l1_misses"]
     return {
-        "session_starts": len(draws),
-        "lookups": lookups,
-        "l1_hits": delta["l1_hits"],
-        "l2_hits": delta["l2_hits"],
-        "misses": delta["l2_misses"],
-        "extractions": delta["extractions"],
+        **mix_counts(len(draws), delta),
         "extraction_mean_ms": (
             delta["extraction_s"] * 1000 / delta["extractions"] if delta["extractions"] else None
         ),
-        "l1_hit_ratio": delta["l1_hits"] / lookups if lookups else 0.0,
-        "hit_ratio": (delta["l1_hits"] + delta["l2_hits"]) / lookups if lookups else 0.0,
         "cosy2_cache_hit_ratio_gauge": after["hit_ratio_gauge"],
         "profile_time": summary(times),
     }
