@@ -57,26 +57,27 @@ class Call:
 
 
 class CallRegistry:
-    """The calls of one gateway worker, by id."""
+    """The calls of one gateway worker, by tenant and id: call ids are scoped per tenant,
+    so one tenant's call can neither block nor reveal another tenant's call with the
+    same id."""
 
     def __init__(self) -> None:
-        self._calls: dict[str, Call] = {}
+        self._calls: dict[tuple[str, str], Call] = {}
 
     def __len__(self) -> int:
         return len(self._calls)
 
     def register(self, call: Call) -> None:
-        if call.call_id in self._calls:
+        key = (call.tenant, call.call_id)
+        if key in self._calls:
             raise CallIdInUse(call.call_id)
-        self._calls[call.call_id] = call
+        self._calls[key] = call
 
     def unregister(self, call: Call) -> None:
-        if self._calls.get(call.call_id) is call:
-            del self._calls[call.call_id]
+        key = (call.tenant, call.call_id)
+        if self._calls.get(key) is call:
+            del self._calls[key]
 
     def get(self, call_id: str, tenant: str) -> Call | None:
-        """The call, if it exists and belongs to ``tenant`` (others' calls do not exist)."""
-        call = self._calls.get(call_id)
-        if call is None or call.tenant != tenant:
-            return None
-        return call
+        """The tenant's call with ``call_id`` (others' calls do not exist)."""
+        return self._calls.get((tenant, call_id))

@@ -57,6 +57,13 @@ class GatewaySettings:
     lease_policy: str = "fail-open"  # or "fail-closed", when Redis is unreachable
     retry_after_ms: int = 2000
     drain_timeout_s: float = 30.0  # on SIGTERM: how long calls in progress may go on
+    # Limits that hold for the slow, the silent and the malformed (docs/operations.md).
+    max_connections: int = 4096  # open TCP connections per worker; beyond: 503 and close
+    handshake_timeout_s: float = 10.0  # a request head must arrive within this (and idle)
+    max_protocol_errors: int = 10  # malformed messages a connection may send before 1008
+    max_uploads: int = 2  # voice uploads in flight per worker; beyond: 429 retry_after_ms
+    upload_workers: int = 1  # processes that decode and normalize uploads
+    upload_timeout_s: float = 60.0  # to receive a whole upload body
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
@@ -90,6 +97,12 @@ class GatewaySettings:
             ),
             retry_after_ms=env_int(env, "GATEWAY_RETRY_AFTER_MS", 2000, minimum=0),
             drain_timeout_s=float(env_int(env, "GATEWAY_DRAIN_TIMEOUT_S", 30, minimum=0)),
+            max_connections=env_int(env, "GATEWAY_MAX_CONNECTIONS", 4096, minimum=1),
+            handshake_timeout_s=float(env_int(env, "GATEWAY_HANDSHAKE_TIMEOUT_S", 10, minimum=1)),
+            max_protocol_errors=env_int(env, "GATEWAY_MAX_PROTOCOL_ERRORS", 10, minimum=1),
+            max_uploads=env_int(env, "GATEWAY_MAX_UPLOADS", 2, minimum=1),
+            upload_workers=env_int(env, "GATEWAY_UPLOAD_WORKERS", 1, minimum=1),
+            upload_timeout_s=float(env_int(env, "GATEWAY_UPLOAD_TIMEOUT_S", 60, minimum=1)),
             voice_dir=Path(env["GATEWAY_VOICE_DIR"])
             if env.get("GATEWAY_VOICE_DIR")
             else Path.home() / ".local" / "share" / "ivr-gateway" / "voices",

@@ -30,6 +30,9 @@ class Pumpable(Protocol):
 
     def pump(self, now: float) -> int: ...
 
+    def pump_failed(self) -> None:
+        """``pump`` raised (a bug): the session must end and never be pumped again."""
+
     @property
     def has_work(self) -> bool: ...
 
@@ -92,8 +95,9 @@ class Pacer:
         try:
             self._frames_pending += session.pump(now)
         except Exception:
-            log.exception("pacer: session pump failed")
-            self._active.pop(session, None)
+            log.exception("pacer: session pump failed; ending that session")
+            self.discard(session)
+            session.pump_failed()
             return
         if not session.has_work:
             self._active.pop(session, None)

@@ -16,7 +16,6 @@ States (the only legal moves are in ``_TRANSITIONS``; each move is logged)::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import itertools
 import logging
@@ -170,6 +169,8 @@ class Session:
         self._held: dict[int, list[tuple[str, bool]]] = {}
         self.frames_sent = 0
         self.underruns = 0
+        self._ended_logged = False
+        self._broken = False  # pump raised once: never pumped again
         # Resolved with (close code, reason) when the session wants its socket closed.
         self.done: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
 
@@ -489,6 +490,8 @@ class Session:
         stream, playback, encoder = self.stream, self.playback, self._encoder
         if stream is None or playback is None or encoder is None or not self.started:
             return 0
+        if self._broken:
+            return 0
         if self._peer.backlogged():
             return 0
         sent = 0
@@ -525,6 +528,12 @@ class Session:
             self.finish(CloseCode.NORMAL, "done")
         self.frames_sent += sent
         return sent
+
+    def pump_failed(self) -> None:
+        """The pacer hit a bug pumping this session: end it (1011), send nothing more."""
+        self._broken = True
+        self._metrics.errors.labels(code="internal_error").inc()
+        self.finish(CloseCode.INTERNAL_ERROR, "internal_error")
 
     @property
     def has_work(self) -> bool:
@@ -595,20 +604,31 @@ class Session:
         self._held.clear()
 
     async def aclose(self, reason: str = "") -> None:
-        """Release everything; safe to call more than once."""
+        """Release everything; safe to call more than once, and whatever fails on the way
+        (a store or engine error) the rest is still released."""
         self._pacer.discard(self)
         self._close_all_tickets()
-        await self._release_lease()
         if self.state is not SessionState.CLOSED:
             self._transition(SessionState.CLOSED, reason)
         stream, self.stream = self.stream, None
+        try:
+            await self._release_lease()
+        except Exception:
+            log.exception("session %s: tenant lease release failed", self.id)
         if stream is not None:
-            with contextlib.suppress(EngineUnavailable):
+            try:
                 await stream.close()
+            except Exception:
+                log.exception("session %s: engine stream close failed", self.id)
         if self.playback is not None:
             self._record_finished(self.playback)
         # Engine events that arrived while we awaited above may have woken us again.
         self._pacer.discard(self)
-        log.info(
-            "session %s ended: frames=%d underruns=%d", self.id, self.frames_sent, self.underruns
-        )
+        if not self._ended_logged:
+            self._ended_logged = True
+            log.info(
+                "session %s ended: frames=%d underruns=%d",
+                self.id,
+                self.frames_sent,
+                self.underruns,
+            )

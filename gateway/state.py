@@ -54,6 +54,7 @@ class GatewayState:
     _lease_of: dict[str, Lease] = field(default_factory=dict)
     _leased: dict[str, Session] = field(default_factory=dict)
     _drained: asyncio.Event = field(default_factory=asyncio.Event)
+    _owned: set[asyncio.Future[None]] = field(default_factory=set)
 
     # --- per-tenant session limits (SessionLeases) ---------------------------------------
 
@@ -99,6 +100,17 @@ class GatewayState:
     def track(self, session: Session) -> None:
         """A connection's session exists (from the upgrade until its socket is done)."""
         self.live.add(session)
+
+    def own(self, task: asyncio.Future[None]) -> None:
+        """Keep ``task`` (a connection's teardown) until it finishes; :meth:`close`
+        awaits what is left."""
+        self._owned.add(task)
+        task.add_done_callback(self._owned.discard)
+
+    async def close(self) -> None:
+        """Wait for the teardowns still running (at shutdown, after the drain)."""
+        if self._owned:
+            await asyncio.wait(list(self._owned), timeout=5.0)
 
     def untrack(self, session: Session) -> None:
         self.live.discard(session)

@@ -13,13 +13,13 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+from typing import Any
 
 from aiohttp import web
 
-from gateway.errors import CloseCode
-from gateway.protocols.telephony import LegClosed, TelephonyLeg
-from gateway.state import STATE_KEY
-from gateway.wsframe import FrameWriter
+from gateway.errors import CloseCode, ProtocolViolation
+from gateway.protocols.base import serve
+from gateway.protocols.telephony import TelephonyLeg
 from telephony.asterisk import (
     AsteriskConnection,
     AsteriskError,
@@ -49,10 +49,15 @@ def basic_auth_password(header: str | None) -> str | None:
 class AsteriskLeg(TelephonyLeg):
     protocol = "asterisk"
 
-    def __init__(self, *args: object, request: web.Request, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._request = request
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._core = AsteriskConnection()
+
+    def credentials(self, request: web.Request) -> str | None:
+        # Before any media: Asterisk sends none unasked.
+        return basic_auth_password(request.headers.get("Authorization")) or request.query.get(
+            "access_token"
+        )
 
     def vendor_media(self, frame: bytes) -> None:
         for message in self._core.media_frames(frame):
@@ -60,6 +65,9 @@ class AsteriskLeg(TelephonyLeg):
 
     def vendor_mark(self, vendor_id: str) -> None:
         self._writer.send_text(self._core.mark_media(vendor_id))
+
+    def vendor_pending_marks(self) -> int:
+        return len(self._core.pending_marks)
 
     def vendor_clear(self) -> None:
         # FLUSH_MEDIA drops queued marks silently; the leg reports them as cleared.
@@ -74,20 +82,20 @@ class AsteriskLeg(TelephonyLeg):
     def vendor_hangup(self) -> None:
         self._writer.send_text(self._core.hangup())
 
-    async def handle_binary(self, data: bytes) -> None:
+    async def on_binary(self, data: bytes) -> None:
         try:
             events = self._core.receive_bytes(data)
         except AsteriskError as exc:
-            raise LegClosed(CloseCode.POLICY, f"asterisk_{exc.code}") from None
+            raise ProtocolViolation(f"asterisk_{exc.code}", str(exc), CloseCode.POLICY) from None
         for event in events:
             if isinstance(event, MediaReceived) and self.session.started:
                 self.session.feed_caller_audio(event.payload)
 
-    async def handle_text(self, text: str) -> None:
+    async def on_text(self, text: str) -> None:
         try:
             events = self._core.receive_text(text)
         except AsteriskError as exc:
-            raise LegClosed(CloseCode.POLICY, f"asterisk_{exc.code}") from None
+            raise ProtocolViolation(f"asterisk_{exc.code}", str(exc), CloseCode.POLICY) from None
         for event in events:
             if isinstance(event, MediaStart):
                 self._writer.send_text(self._core.answer())
@@ -109,24 +117,4 @@ class AsteriskLeg(TelephonyLeg):
 
 
 async def handle_asterisk(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE_KEY]
-    ws = web.WebSocketResponse(
-        max_msg_size=state.settings.max_message_bytes,
-        compress=False,
-        heartbeat=state.settings.ws_heartbeat_s,
-    )
-    if not ws.can_prepare(request).ok:
-        return web.json_response({"error": {"code": "websocket_required"}}, status=426)
-    await ws.prepare(request)
-    if request.transport is None:
-        return ws
-    leg = AsteriskLeg(ws, FrameWriter(request.transport), state, request=request)
-    token = basic_auth_password(request.headers.get("Authorization"))
-    try:
-        leg.authenticate(token, request)  # before any media: Asterisk sends none unasked
-    except LegClosed as exc:
-        log.warning("asterisk leg refused: %s", exc.reason)
-        await ws.close(code=exc.code, message=exc.reason.encode())
-        return ws
-    await leg.run()
-    return ws
+    return await serve(request, AsteriskLeg, request=request)

@@ -11,17 +11,15 @@ Two layers in this file:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
-from gateway.auth import AuthError, Principal
-from gateway.calls import Call
+from gateway.auth import token_from_request
+from gateway.calls import MAX_CALL_ID_CHARS, Call
 from gateway.errors import CloseCode, ProtocolViolation, SessionError
 from gateway.events import (
     BargeIn,
@@ -37,12 +35,12 @@ from gateway.events import (
     UtteranceStarted,
 )
 from gateway.formats import FORMATS, INPUT_FORMATS
-from gateway.session import Session, StartOptions
-from gateway.state import STATE_KEY, GatewayState
+from gateway.protocols.base import Connection, serve
+from gateway.session import Session, SessionState, StartOptions
+from gateway.state import GatewayState
 from gateway.wsframe import FrameWriter
 
 log = logging.getLogger(__name__)
-SCOPE = "tts:stream"
 MAX_NAME_CHARS = 256
 
 
@@ -114,6 +112,8 @@ def decode_client_message(data: str | bytes) -> ClientMessage:
         obj = msgspec.json.decode(data)
     except msgspec.DecodeError:
         raise ProtocolViolation("invalid_json", "message is not valid JSON") from None
+    except RecursionError:
+        raise ProtocolViolation("invalid_json", "message is nested too deeply") from None
     if not isinstance(obj, dict):
         raise ProtocolViolation("invalid_json", "message must be a JSON object")
     kind = obj.get("type")
@@ -135,6 +135,9 @@ def _check_ranges(message: ClientMessage) -> None:
         raise ProtocolViolation("invalid_message", "start: voice is required (or call)")
     if isinstance(message, MarkMsg) and not 0 < len(message.name) <= MAX_NAME_CHARS:
         raise ProtocolViolation("invalid_message", "mark: name must be 1 to 256 characters")
+    call = message.call if isinstance(message, StartMsg) else None
+    if call is not None and not 0 < len(call) <= MAX_CALL_ID_CHARS:
+        raise ProtocolViolation("invalid_message", "start: call must be 1 to 128 characters")
     utterance_id = getattr(message, "utterance_id", None)
     if utterance_id is not None and not 0 < len(utterance_id) <= MAX_NAME_CHARS:
         raise ProtocolViolation("invalid_message", "utterance_id must be 1 to 256 characters")
@@ -188,7 +191,7 @@ def encode_event(event: SessionEvent) -> str:
     return _json_encoder.encode(body).decode()
 
 
-def start_options(message: StartMsg, state: GatewayState) -> StartOptions:
+def start_options(message: StartMsg) -> StartOptions:
     """Validate ``start``; raises a fatal :class:`SessionError` for what cannot start.
 
     ``barge_in`` defaults to on when the session sends caller audio (``input_format``).
@@ -225,31 +228,20 @@ def start_options(message: StartMsg, state: GatewayState) -> StartOptions:
 # --- asyncio layer ------------------------------------------------------------------------
 
 
-class NativeConnection:
-    """One ``/v1/stream`` WebSocket; the :class:`gateway.session.Peer` of its session."""
+class NativeConnection(Connection):
+    """One ``/v1/stream`` WebSocket: the native codec over the shared connection base."""
 
     protocol = "native"
 
-    def __init__(
-        self, ws: web.WebSocketResponse, writer: FrameWriter, state: GatewayState, who: Principal
-    ) -> None:
-        self._ws = ws
-        self._writer = writer
-        self._state = state
-        self._principal = who
+    def __init__(self, ws: web.WebSocketResponse, writer: FrameWriter, state: GatewayState) -> None:
+        super().__init__(ws, writer, state)
         self.call: Call | None = None  # set when attached to a telephony call
-        self.session = Session(
-            peer=self,
-            engine=state.engine_client,
-            pacer=state.pacer,
-            metrics=state.metrics,
-            limits=state.session_limits(),
-            protocol=self.protocol,
-            gate=state.gate,
-            leases=state,
-            tenant=who.tenant,
-            max_streams=who.max_streams,
-        )
+
+    def credentials(self, request: web.Request) -> str | None:
+        return token_from_request(request.headers, request.query)
+
+    def refuse(self, error: SessionError) -> None:
+        self._writer.send_text(encode_event(ErrorEvent(error.code, error.message)))
 
     # Peer
     def send_audio(self, frame: bytes) -> None:
@@ -258,9 +250,6 @@ class NativeConnection:
     def send_event(self, event: SessionEvent) -> None:
         self._writer.send_text(encode_event(event))
 
-    def backlogged(self) -> bool:
-        return self._writer.backlogged()
-
     # CallSubscriber
     def on_call_event(self, event: SessionEvent) -> None:
         self.send_event(event)
@@ -268,7 +257,7 @@ class NativeConnection:
             self.session.finish(CloseCode.NORMAL, "call ended")
 
     @property
-    def _active(self) -> bool:
+    def established(self) -> bool:
         """Started, or attached to a call (an attached app may stay quiet)."""
         return self.session.started or self.call is not None
 
@@ -277,10 +266,15 @@ class NativeConnection:
         """The session commands act on: the call's when attached, else our own."""
         return self.call.session if self.call is not None else self.session
 
+    async def on_release(self, reason: str) -> None:
+        if self.call is not None:
+            self.call.subscribers.discard(self)
+
     def _attach(self, call_id: str) -> None:
-        call = self._state.calls.get(call_id, self._principal.tenant)
+        assert self.principal is not None
+        call = self._state.calls.get(call_id, self.principal.tenant)
         if call is None:
-            raise SessionError("unknown_call", f"no call {call_id!r}", CloseCode.POLICY)
+            raise SessionError("unknown_call", f"no call {call_id[:64]!r}", CloseCode.POLICY)
         self.call = call
         call.subscribers.add(self)
         session = call.session
@@ -291,90 +285,21 @@ class NativeConnection:
         self.send_event(CallStarted(call.call_id, call.protocol, dict(call.custom_parameters)))
         log.info("session %s attached to call %s", self.session.id, call.call_id)
 
-    async def run(self) -> None:
-        session = self.session
-        metrics = self._state.metrics
-        metrics.sessions_active.labels(protocol=self.protocol).inc()
-        metrics.sessions_total.labels(protocol=self.protocol).inc()
-        receiver = asyncio.create_task(self._receive(), name=f"recv-{session.id}")
-        self._state.track(session)
-        try:
-            waits: list[asyncio.Future[Any]] = [receiver, session.done]
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if session.done.done():
-                code, reason = session.done.result()
-                # Release the engine stream first: once the peer sees the close, the
-                # session's slot and tenant lease are free for its next session.
-                await session.aclose(reason)
-                await self._ws.close(code=code, message=reason.encode()[:120])
-        finally:
-            receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await receiver
-            self._writer.closed = True
-            if self.call is not None:
-                self.call.subscribers.discard(self)
-            await session.aclose("socket closed")
-            self._state.untrack(session)
-            metrics.sessions_active.labels(protocol=self.protocol).dec()
-
-    async def _receive(self) -> None:
-        session = self.session
-        ws = self._ws
-        timeout = self._state.settings.start_timeout_s
-        try:
-            while True:
-                try:
-                    msg = await ws.receive(timeout=None if self._active else timeout)
-                except TimeoutError:
-                    if not self._active:
-                        session.fail(
-                            SessionError("start_timeout", "no start message", CloseCode.POLICY)
-                        )
-                        return
-                    continue
-                if msg.type is WSMsgType.TEXT:
-                    await self._on_text(msg.data)
-                elif msg.type is WSMsgType.BINARY:
-                    self._on_binary(msg.data)
-                elif msg.type is WSMsgType.ERROR:
-                    code = ws.close_code
-                    if code == CloseCode.TOO_BIG:
-                        metrics = self._state.metrics
-                        metrics.errors.labels(code="message_too_big").inc()
-                        log.info("session %s: message over the size limit", session.id)
-                    else:
-                        log.info("session %s: websocket error %r", session.id, msg.data)
-                    return
-                else:  # CLOSE, CLOSING, CLOSED
-                    return
-                if session.done.done():
-                    return
-        except SessionError as exc:
-            session.fail(exc)
-
-    async def _on_text(self, data: str) -> None:
-        session = self.session
-        try:
-            message = decode_client_message(data)
-            await self._dispatch(message)
-        except SessionError as exc:
-            if not session.started and exc.close_code is None:
-                exc.close_code = CloseCode.POLICY  # nothing valid before start
-            log.info("session %s: %s (%s)", session.id, exc.code, exc.message)
-            session.fail(exc)
+    async def on_text(self, text: str) -> None:
+        await self._dispatch(decode_client_message(text))
 
     async def _dispatch(self, message: ClientMessage) -> None:
         own = self.session
         if isinstance(message, StartMsg):
-            if own.state.value != "awaiting_start" or self.call is not None:
+            if own.state is not SessionState.AWAITING_START or self.call is not None:
                 raise ProtocolViolation("already_started", "start was already received")
             if message.call is not None:
                 self._attach(message.call)
             else:
-                options = start_options(message, self._state)
+                assert self.principal is not None
+                options = start_options(message)
                 voice, profile = await self._state.resolve_voice(
-                    self._principal.tenant, options.voice
+                    self.principal.tenant, options.voice
                 )
                 await own.start(replace(options, voice=voice, voice_profile=profile))
             return
@@ -402,47 +327,11 @@ class NativeConnection:
         elif isinstance(message, CloseMsg):
             session.request_close()
 
-    def _on_binary(self, data: bytes) -> None:
-        session = self.session
-        if not session.started:
-            session.fail(ProtocolViolation("not_started", "binary before start", CloseCode.POLICY))
-            return
-        try:
-            session.feed_caller_audio(data)
-        except SessionError as exc:
-            session.fail(exc)
+    async def on_binary(self, data: bytes) -> None:
+        if not self.session.started:
+            raise ProtocolViolation("not_started", "binary before start", CloseCode.POLICY)
+        self.session.feed_caller_audio(data)
 
 
 async def handle_stream(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE_KEY]
-    settings = state.settings
-    ws = web.WebSocketResponse(
-        max_msg_size=settings.max_message_bytes,
-        compress=False,
-        heartbeat=settings.ws_heartbeat_s,
-        autoping=True,
-    )
-    if not ws.can_prepare(request).ok:
-        return web.json_response(
-            {"error": {"code": "websocket_required", "message": "connect with a WebSocket"}},
-            status=426,
-        )
-    principal: Principal | None = None
-    auth_error: AuthError | None = None
-    try:
-        principal = state.authenticate(request, SCOPE)
-    except AuthError as exc:
-        auth_error = exc
-    await ws.prepare(request)
-    transport = request.transport
-    if transport is None:
-        return ws
-    writer = FrameWriter(transport)
-    if auth_error is not None or principal is None:
-        assert auth_error is not None
-        writer.send_text(encode_event(ErrorEvent(auth_error.code, auth_error.message)))
-        state.metrics.errors.labels(code=auth_error.code).inc()
-        await ws.close(code=CloseCode.POLICY, message=auth_error.code.encode())
-        return ws
-    await NativeConnection(ws, writer, state, principal).run()
-    return ws
+    return await serve(request, NativeConnection)

@@ -13,70 +13,63 @@ cleared when a flush dropped them.
 from __future__ import annotations
 
 import abc
-import asyncio
 import contextlib
 import itertools
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 from aiohttp import web
 
-from gateway.auth import AuthError, Principal
 from gateway.calls import Call, CallIdInUse
-from gateway.errors import CloseCode, SessionError
+from gateway.errors import CloseCode, ProtocolViolation, SessionError
 from gateway.events import (
     CallEnded,
     CallStarted,
     Dtmf,
+    ErrorEvent,
     MarkReached,
     Ready,
     SessionEvent,
     UtteranceDone,
 )
 from gateway.formats import FORMATS
-from gateway.session import Session, StartOptions
+from gateway.protocols.base import Connection
+from gateway.session import StartOptions
 from gateway.state import GatewayState
 from gateway.wsframe import FrameWriter
 
 log = logging.getLogger(__name__)
-SCOPE = "tts:stream"
 DEFAULT_VOICE = "en-us"
 MAX_SAY_CHARS = 2000
+#: Marks sent to the vendor and not yet reported played. A vendor that stops echoing
+#: marks (or stops playing) would otherwise make this grow for the whole call; beyond it,
+#: a new mark is not sent and the application gets ``mark_backlog_full`` naming it.
+MAX_PENDING_VENDOR_MARKS = 256
 
 
-class LegClosed(Exception):
-    """The leg must close: ``code`` is the WebSocket close code, ``reason`` is logged."""
+class TelephonyLeg(Connection):
+    """A telephony call leg over the shared connection base; subclasses add a vendor core."""
 
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
+    expires_with_token = False  # the vendor cannot renew a call's token (docs/protocol.md)
 
-
-class TelephonyLeg(abc.ABC):
-    protocol = "telephony"
-
-    def __init__(self, ws: web.WebSocketResponse, writer: FrameWriter, state: GatewayState) -> None:
-        self._ws = ws
-        self._writer = writer
-        self._state = state
-        self.session = Session(
-            peer=self,
-            engine=state.engine_client,
-            pacer=state.pacer,
-            metrics=state.metrics,
-            limits=state.session_limits(),
-            protocol=self.protocol,
-            gate=state.gate,
-            leases=state,
-        )
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        writer: FrameWriter,
+        state: GatewayState,
+        *,
+        request: web.Request,
+    ) -> None:
+        super().__init__(ws, writer, state)
+        self._request = request
         self.call: Call | None = None
-        self.principal: Principal | None = None
         self._paused = False
         self._mark_ids = itertools.count(1)
         self._vendor_marks: dict[str, str] = {}  # vendor mark id -> session mark name
-        self._ended = False
+
+    @property
+    def established(self) -> bool:
+        return self.call is not None  # the vendor must start the call in time
 
     # --- Peer ---------------------------------------------------------------------------
 
@@ -85,15 +78,31 @@ class TelephonyLeg(abc.ABC):
 
     def send_event(self, event: SessionEvent) -> None:
         if isinstance(event, MarkReached) and not event.cleared:
-            vendor_id = f"m{next(self._mark_ids)}"
-            self._vendor_marks[vendor_id] = event.name
-            self.vendor_mark(vendor_id)  # reported when the vendor says it was played
+            self._send_vendor_mark(event.name)
             return
         if isinstance(event, Ready):
             return  # the leg has no client to tell; the application gets call_started
         self._publish(event)
         if isinstance(event, UtteranceDone):
             self.vendor_utterance_done()
+
+    def _send_vendor_mark(self, name: str) -> None:
+        """Send a vendor mark for the session's mark ``name``; it is reported to the
+        application when the vendor says it was played (bounded backlog)."""
+        if self.vendor_pending_marks() >= MAX_PENDING_VENDOR_MARKS:
+            self._state.metrics.errors.labels(code="mark_backlog_full").inc()
+            self.peer_log.warning("mark backlog full: the vendor is not echoing marks")
+            self._publish(
+                ErrorEvent(
+                    "mark_backlog_full",
+                    f"{MAX_PENDING_VENDOR_MARKS} marks are waiting for the vendor to play "
+                    f"them; mark {name[:64]!r} was not sent",
+                )
+            )
+            return
+        vendor_id = f"m{next(self._mark_ids)}"
+        self._vendor_marks[vendor_id] = name
+        self.vendor_mark(vendor_id)
 
     def on_interrupt(self) -> None:
         """Called by the session before it drops its queue (clear, barge-in): flush the
@@ -120,6 +129,10 @@ class TelephonyLeg(abc.ABC):
     def vendor_mark(self, vendor_id: str) -> None: ...
 
     @abc.abstractmethod
+    def vendor_pending_marks(self) -> int:
+        """Marks the vendor core has sent and not yet seen played or dropped."""
+
+    @abc.abstractmethod
     def vendor_clear(self) -> None:
         """Flush the vendor's playback buffer."""
 
@@ -130,35 +143,12 @@ class TelephonyLeg(abc.ABC):
     def vendor_utterance_done(self) -> None:
         """An utterance's last frame was sent (vendors that hold partial frames flush)."""
 
-    @abc.abstractmethod
-    async def handle_text(self, text: str) -> None:
-        """One control message from the vendor; raise :class:`LegClosed` to end the leg."""
-
-    @abc.abstractmethod
-    async def handle_binary(self, data: bytes) -> None: ...
-
     # --- helpers for subclasses ---------------------------------------------------------
 
     def vendor_mark_done(self, vendor_id: str, *, cleared: bool) -> None:
         name = self._vendor_marks.pop(vendor_id, None)
         if name is not None:
             self._publish(MarkReached(name, cleared=cleared))
-
-    def authenticate(self, token: str | None, request: web.Request) -> Principal:
-        """Verify ``token`` (from wherever the vendor can carry one); 1008 otherwise."""
-        if token is None:
-            token = request.query.get("access_token")
-        try:
-            if not token:
-                raise AuthError("token_missing", "no token")
-            principal = self._state.verifier.verify(token, SCOPE)
-        except AuthError as exc:
-            self._state.metrics.auth_failures.labels(code=exc.code).inc()
-            raise LegClosed(CloseCode.POLICY, exc.code) from None
-        self.principal = principal
-        self.session.tenant = principal.tenant
-        self.session.max_streams = principal.max_streams
-        return principal
 
     async def start_call(
         self,
@@ -167,7 +157,9 @@ class TelephonyLeg(abc.ABC):
         format_name: str,
         parameters: Mapping[str, str],
     ) -> None:
-        """Start the session in the call's codec, register the call, speak ``say``."""
+        """Start the session in the call's codec, register the call, speak ``say``.
+
+        Raises :class:`SessionError` (1008 unless the cause says otherwise)."""
         assert self.principal is not None
         fmt = FORMATS[format_name]
         try:
@@ -184,7 +176,8 @@ class TelephonyLeg(abc.ABC):
                 )
             )
         except SessionError as exc:
-            raise LegClosed(exc.close_code or CloseCode.POLICY, exc.code) from None
+            exc.close_code = exc.close_code or CloseCode.POLICY
+            raise
         safe_params = {k: v for k, v in parameters.items() if k != "token"}
         call = Call(
             call_id=call_id,
@@ -197,7 +190,9 @@ class TelephonyLeg(abc.ABC):
         try:
             self._state.calls.register(call)
         except CallIdInUse:
-            raise LegClosed(CloseCode.POLICY, "call_id_in_use") from None
+            raise ProtocolViolation(
+                "call_id_in_use", "this tenant already has a call with that id", CloseCode.POLICY
+            ) from None
         self.call = call
         log.info("%s call %s started (session %s)", self.protocol, call_id, self.session.id)
         call.publish(CallStarted(call_id, self.protocol, safe_params))
@@ -228,68 +223,10 @@ class TelephonyLeg(abc.ABC):
         if self.call is not None:
             self.call.publish(event)
 
-    # --- the receive loop -----------------------------------------------------------------
-
-    async def run(self) -> None:
-        metrics = self._state.metrics
-        metrics.sessions_active.labels(protocol=self.protocol).inc()
-        metrics.sessions_total.labels(protocol=self.protocol).inc()
-        receiver = asyncio.create_task(self._receive(), name=f"{self.protocol}-recv")
-        self._state.track(self.session)
-        try:
-            waits: list[asyncio.Future[Any]] = [receiver, self.session.done]
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if self.session.done.done():
-                code, reason = self.session.done.result()
-                await self._end(reason)  # free the slot and lease before the peer knows
-                await self._ws.close(code=code, message=reason.encode()[:120])
-        finally:
-            receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await receiver
-            self._writer.closed = True
-            await self._end("leg closed")
-            self._state.untrack(self.session)
-            metrics.sessions_active.labels(protocol=self.protocol).dec()
-
-    async def _receive(self) -> None:
-        from aiohttp import WSMsgType
-
-        deadline = asyncio.get_running_loop().time() + self._state.settings.start_timeout_s
-        try:
-            while True:
-                timeout = None
-                if self.call is None:  # the vendor must start the call in time
-                    timeout = deadline - asyncio.get_running_loop().time()
-                    if timeout <= 0:
-                        raise LegClosed(CloseCode.POLICY, "start_timeout")
-                try:
-                    msg = await self._ws.receive(timeout=timeout)
-                except TimeoutError:
-                    continue
-                if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
-                    return
-                if msg.type is WSMsgType.ERROR:
-                    return
-                if msg.type is WSMsgType.TEXT:
-                    await self.handle_text(msg.data)
-                elif msg.type is WSMsgType.BINARY:
-                    await self.handle_binary(msg.data)
-                if self.session.done.done():
-                    return
-        except LegClosed as exc:
-            log.warning("%s leg closed: %s", self.protocol, exc.reason)
-            self._state.metrics.errors.labels(code=exc.reason).inc()
-            self.session.finish(exc.code, exc.reason)
-
-    async def _end(self, reason: str) -> None:
-        if self._ended:
-            return
-        self._ended = True
+    async def on_release(self, reason: str) -> None:
         call = self.call
         if call is not None:
             self._state.calls.unregister(call)
             self._clear_vendor_marks()  # never reported played: the call is over
             call.publish(CallEnded(call.call_id, reason))
             log.info("%s call %s ended", self.protocol, call.call_id)
-        await self.session.aclose(reason)

@@ -11,13 +11,13 @@ simplest notification call. Outbound media is paced in real time by the worker's
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from aiohttp import web
 
-from gateway.errors import CloseCode
-from gateway.protocols.telephony import LegClosed, TelephonyLeg
-from gateway.state import STATE_KEY
-from gateway.wsframe import FrameWriter
+from gateway.errors import CloseCode, ProtocolViolation
+from gateway.protocols.base import serve
+from gateway.protocols.telephony import TelephonyLeg
 from telephony.twilio import (
     TwilioConnection,
     TwilioDtmf,
@@ -34,16 +34,22 @@ log = logging.getLogger(__name__)
 class TwilioLeg(TelephonyLeg):
     protocol = "twilio"
 
-    def __init__(self, *args: object, request: web.Request, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._request = request
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._core = TwilioConnection()
+
+    @classmethod
+    def authenticates_at_upgrade(cls) -> bool:
+        return False  # the token may come in start.customParameters
 
     def vendor_media(self, frame: bytes) -> None:
         self._writer.send_text(self._core.send_media(frame))
 
     def vendor_mark(self, vendor_id: str) -> None:
         self._writer.send_text(self._core.send_mark(vendor_id))
+
+    def vendor_pending_marks(self) -> int:
+        return len(self._core.pending_marks)  # cleared marks count until Twilio echoes them
 
     def vendor_clear(self) -> None:
         # Twilio echoes every pending mark after a clear; they were reported already.
@@ -55,20 +61,20 @@ class TwilioLeg(TelephonyLeg):
     def vendor_hangup(self) -> None:
         pass  # a media stream cannot hang up the call: closing the stream ends our leg
 
-    async def handle_binary(self, data: bytes) -> None:
-        raise LegClosed(CloseCode.POLICY, "twilio_unexpected_binary")
+    async def on_binary(self, data: bytes) -> None:
+        raise ProtocolViolation("twilio_unexpected_binary", "binary frame", CloseCode.POLICY)
 
-    async def handle_text(self, text: str) -> None:
+    async def on_text(self, text: str) -> None:
         try:
             events = self._core.receive_text(text)
         except TwilioError as exc:
-            raise LegClosed(CloseCode.POLICY, f"twilio_{exc.code}") from None
+            raise ProtocolViolation(f"twilio_{exc.code}", str(exc), CloseCode.POLICY) from None
         for event in events:
             if isinstance(event, TwilioMedia):
                 if event.track in ("inbound", "inbound_track") and self.session.started:
                     self.session.feed_caller_audio(event.payload)
             elif isinstance(event, TwilioStart):
-                self.authenticate(event.token, self._request)
+                self.authenticate(event.token or self._request.query.get("access_token"))
                 await self.start_call(
                     call_id=event.call_sid,
                     format_name="mulaw_8000",
@@ -83,17 +89,4 @@ class TwilioLeg(TelephonyLeg):
 
 
 async def handle_twilio(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE_KEY]
-    ws = web.WebSocketResponse(
-        max_msg_size=state.settings.max_message_bytes,
-        compress=False,
-        heartbeat=state.settings.ws_heartbeat_s,
-    )
-    if not ws.can_prepare(request).ok:
-        return web.json_response({"error": {"code": "websocket_required"}}, status=426)
-    await ws.prepare(request)
-    if request.transport is None:
-        return ws
-    leg = TwilioLeg(ws, FrameWriter(request.transport), state, request=request)
-    await leg.run()
-    return ws
+    return await serve(request, TwilioLeg, request=request)

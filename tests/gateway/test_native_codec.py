@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -30,7 +30,6 @@ from gateway.protocols.native import (
     encode_event,
     start_options,
 )
-from gateway.state import GatewayState
 
 
 def decode(obj: Any) -> object:
@@ -241,20 +240,6 @@ def test_encode_exact_text_and_non_ascii():
 # ------------------------------------------------------------------ start options
 
 
-class Voices:
-    """Stand-in for GatewayState: start_options only asks it for voice ids."""
-
-    def __init__(self, *ids: str) -> None:
-        self._ids = frozenset(ids)
-
-    def voice_ids(self) -> frozenset[str]:
-        return self._ids
-
-
-def state(*voices: str) -> GatewayState:
-    return cast(GatewayState, Voices(*voices))
-
-
 def start(**fields: Any) -> StartMsg:
     msg = decode({"type": "start", "voice": "en-us", **fields})
     assert isinstance(msg, StartMsg)
@@ -271,7 +256,6 @@ def test_start_options_all_fields():
             input_format="alaw_8000",
             barge_in=True,
         ),
-        state("en-us", "de"),
     )
     assert opts.voice == "en-us"
     assert opts.format is FORMATS["mulaw_8000"]
@@ -283,7 +267,7 @@ def test_start_options_all_fields():
 
 
 def test_start_options_defaults():
-    opts = start_options(start(format="pcm_16000"), state("en-us"))
+    opts = start_options(start(format="pcm_16000"))
     assert opts.format is FORMATS["pcm_16000"]
     assert (opts.language, opts.speed, opts.pacing) == (None, 1.0, "realtime")
     assert opts.input_format is None
@@ -292,7 +276,7 @@ def test_start_options_defaults():
 
 def test_start_options_unknown_format():
     with pytest.raises(SessionError) as info:
-        start_options(start(format="mp3_44100"), state("en-us"))
+        start_options(start(format="mp3_44100"))
     assert info.value.code == "unsupported_format"
     assert info.value.close_code == 1008
     assert info.value.close_code == CloseCode.POLICY
@@ -301,26 +285,80 @@ def test_start_options_unknown_format():
 def test_start_options_leaves_the_voice_to_the_registry_lookup():
     # Voices are resolved (built-in or registered, per tenant) by GatewayState.resolve_voice
     # after start_options; tests/integration covers unknown_voice end to end.
-    opts = start_options(start(voice="anything", format="pcm_16000"), state("en-us"))
+    opts = start_options(start(voice="anything", format="pcm_16000"))
     assert opts.voice == "anything" and opts.voice_profile is None
 
 
 @pytest.mark.parametrize("input_format", ["opus_48000", "opus_16000", "wav", "mulaw"])
 def test_start_options_rejects_input_format(input_format: str):
     with pytest.raises(SessionError) as info:
-        start_options(start(format="pcm_16000", input_format=input_format), state("en-us"))
+        start_options(start(format="pcm_16000", input_format=input_format))
     assert info.value.code == "unsupported_format"
     assert info.value.close_code == CloseCode.POLICY
 
 
 def test_start_options_accepts_every_non_opus_input_format():
     for name in ("mulaw_8000", "alaw_8000", "pcm_8000", "pcm_16000", "pcm_24000", "pcm_48000"):
-        opts = start_options(start(format="mulaw_8000", input_format=name), state())
+        opts = start_options(start(format="mulaw_8000", input_format=name))
         assert opts.input_format is FORMATS[name]
 
 
 def test_start_options_format_is_required():
     with pytest.raises(ProtocolViolation) as info:
-        start_options(start(), state("en-us"))
+        start_options(start())
     assert info.value.code == "invalid_message"
     assert info.value.close_code == CloseCode.POLICY
+
+
+# ---------------------------------------------------------------- fuzz
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5)
+    ),
+    max_leaves=20,
+)
+_messages = st.one_of(
+    st.text(max_size=200),
+    st.binary(max_size=200),
+    _json.map(json.dumps),
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "type",
+                "text",
+                "voice",
+                "format",
+                "utterance_id",
+                "name",
+                "call",
+                "speed",
+                "flush",
+                "pacing",
+                "barge_in",
+                "input_format",
+            ]
+        ),
+        _json | st.sampled_from(["start", "speak", "flush", "clear", "mark", "close"]),
+    ).map(json.dumps),
+    st.integers(1, 100_000).map(lambda n: "[" * n + "]" * n),
+    st.integers(1, 100_000).map(lambda n: '{"a":' * n + "1" + "}" * n),
+)
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(data=_messages)
+def test_decoding_raises_only_protocol_violations(data: str | bytes):
+    """Whatever a peer sends, the codec returns a message or a ProtocolViolation with a
+    documented code: never another exception (RecursionError, UnicodeError, ...)."""
+    try:
+        message = decode_client_message(data)
+    except ProtocolViolation as exc:
+        assert exc.code in ("invalid_json", "unknown_type", "invalid_message")
+        assert exc.message and len(exc.message) < 2000
+    else:
+        assert type(message).__name__.endswith("Msg")

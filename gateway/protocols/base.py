@@ -1,0 +1,319 @@
+"""One connection lifecycle for every WebSocket wire protocol.
+
+:func:`serve` upgrades the request and runs a :class:`Connection`; each wire protocol
+(native, Twilio, Asterisk, and every later leg) is a subclass that only decodes its
+frames (:meth:`Connection.on_text`, :meth:`Connection.on_binary`) and says how it
+authenticates. Everything else lives here, once:
+
+- the upgrade (426 for plain HTTP) and credentials at the upgrade, or later at the
+  vendor's ``start`` for peers that cannot set headers (Twilio);
+- the start deadline: a connection that is not established within
+  ``GATEWAY_START_TIMEOUT_S`` of its upgrade is closed with ``start_timeout`` (1008),
+  whatever control frames (ping, pong) it sends meanwhile;
+- the receive loop: errors are mapped to codes here; a connection that sends more than
+  ``GATEWAY_MAX_PROTOCOL_ERRORS`` malformed messages is closed (``too_many_errors``,
+  1008); while the peer does not read what we send, we do not read what it sends (its
+  TCP window fills, so it cannot make us queue errors or events without bound);
+- token expiry: a session whose token can be renewed by reconnecting ends at its
+  token's ``exp`` plus ``GATEWAY_JWT_LEEWAY_S`` (``token_expired``, 1008);
+- teardown: whatever is raised in the receive loop, and even if the handler task is
+  cancelled, the session's engine slot, tenant lease, pacer entry and call are
+  released, the socket is closed, and the gateway stops counting the connection.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import time
+from typing import Any, ClassVar
+
+from aiohttp import WSMsgType, web
+
+from gateway.auth import AuthError, Principal
+from gateway.errors import CloseCode, ProtocolViolation, SessionError
+from gateway.events import SessionEvent
+from gateway.peer_log import PeerLog
+from gateway.session import Session
+from gateway.state import STATE_KEY, GatewayState
+from gateway.wsframe import FrameWriter
+
+log = logging.getLogger(__name__)
+SCOPE = "tts:stream"
+BACKPRESSURE_POLL_S = 0.02  # how often a paused reader looks at the peer's backlog
+
+
+class Connection(abc.ABC):
+    """One WebSocket connection and its :class:`Session`; the session's peer.
+
+    Subclasses set :attr:`protocol`, implement the frame handlers and :meth:`send_event`
+    / :meth:`send_audio`, and may override the hooks below. Handlers raise
+    :class:`SessionError` (a :class:`ProtocolViolation` for malformed input) to report
+    an error; the base maps it to an ``error`` event and, when it carries a close code,
+    closes the connection.
+    """
+
+    protocol: ClassVar[str]
+    #: Whether the session ends when its token expires. A telephony vendor cannot renew
+    #: the token of a call in progress, so its legs keep running (docs/protocol.md).
+    expires_with_token: ClassVar[bool] = True
+
+    def __init__(self, ws: web.WebSocketResponse, writer: FrameWriter, state: GatewayState) -> None:
+        self._ws = ws
+        self._writer = writer
+        self._state = state
+        self.principal: Principal | None = None
+        self.session = Session(
+            peer=self,
+            engine=state.engine_client,
+            pacer=state.pacer,
+            metrics=state.metrics,
+            limits=state.session_limits(),
+            protocol=self.protocol,
+            gate=state.gate,
+            leases=state,
+        )
+        self.peer_log = PeerLog(log, f"{self.protocol} {self.session.id}")
+        self._violations = 0
+        self._expiry: asyncio.TimerHandle | None = None
+        self._released = False
+
+    # --- what a protocol provides -----------------------------------------------------
+
+    @abc.abstractmethod
+    async def on_text(self, text: str) -> None:
+        """One text frame from the peer."""
+
+    @abc.abstractmethod
+    async def on_binary(self, data: bytes) -> None:
+        """One binary frame from the peer."""
+
+    @abc.abstractmethod
+    def send_audio(self, frame: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def send_event(self, event: SessionEvent) -> None: ...
+
+    def backlogged(self) -> bool:
+        return self._writer.backlogged()
+
+    @property
+    def established(self) -> bool:
+        """Past the start phase (the start deadline no longer applies)."""
+        return self.session.started
+
+    def credentials(self, request: web.Request) -> str | None:
+        """The token the upgrade request carries; None: authenticate later (see
+        :meth:`authenticate`) or refuse with ``token_missing``."""
+        return None
+
+    @classmethod
+    def authenticates_at_upgrade(cls) -> bool:
+        """True: a request without valid credentials is refused at the upgrade."""
+        return True
+
+    def refuse(self, error: SessionError) -> None:
+        """Tell the peer why the upgrade was refused, before the close frame."""
+        return None
+
+    async def on_release(self, reason: str) -> None:
+        """Release what the protocol holds (a call in the registry); runs once, before the
+        session is closed, whatever ended the connection."""
+        return None
+
+    # --- authentication ---------------------------------------------------------------
+
+    def authenticate(self, token: str | None) -> Principal:
+        """Verify ``token`` for this connection's session. Raises :class:`SessionError`
+        (the auth code, 1008); counts and logs the failure without the token."""
+        state = self._state
+        try:
+            if not token:
+                raise AuthError("token_missing", "no bearer token or access_token parameter")
+            principal = state.verifier.verify(token, SCOPE)
+        except AuthError as exc:
+            state.metrics.auth_failures.labels(code=exc.code).inc()
+            self.peer_log.info("auth failed: %s", exc.code)
+            raise SessionError(exc.code, exc.message, CloseCode.POLICY) from None
+        self.principal = principal
+        self.session.tenant = principal.tenant
+        self.session.max_streams = principal.max_streams
+        if self.expires_with_token:
+            self._schedule_expiry(principal)
+        return principal
+
+    def _schedule_expiry(self, principal: Principal) -> None:
+        grace = self._state.verifier.settings.leeway_s
+        delay = principal.expires_at + grace - time.time()
+        loop = asyncio.get_running_loop()
+        self._expiry = loop.call_later(max(0.0, delay), self._token_expired)
+
+    def _token_expired(self) -> None:
+        self._expiry = None
+        self.peer_log.info("token expired")
+        message = "the access token expired; connect again with a new one"
+        self.session.fail(SessionError("token_expired", message, CloseCode.POLICY))
+
+    # --- the lifecycle ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the connection until it ends; always releases everything it holds."""
+        session = self.session
+        state = self._state
+        metrics = state.metrics
+        metrics.sessions_active.labels(protocol=self.protocol).inc()
+        metrics.sessions_total.labels(protocol=self.protocol).inc()
+        state.track(session)
+        receiver = asyncio.create_task(self._receive(), name=f"{self.protocol}-recv-{session.id}")
+        try:
+            waits: list[asyncio.Future[Any]] = [receiver, session.done]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if receiver.done() and not receiver.cancelled() and receiver.exception():
+                log.error(
+                    "%s session %s: receive loop failed",
+                    self.protocol,
+                    session.id,
+                    exc_info=receiver.exception(),
+                )
+                session.fail(
+                    SessionError("internal_error", "internal error", CloseCode.INTERNAL_ERROR)
+                )
+            if session.done.done():
+                code, reason = session.done.result()
+                # Release first: once the peer sees the close, its slot and lease are free.
+                await self._release(reason)
+                await self._ws.close(code=code, message=reason.encode()[:120])
+        finally:
+            receiver.cancel()
+            self._writer.closed = True
+            teardown = asyncio.ensure_future(self._teardown(receiver))
+            state.own(teardown)  # finishes even if this handler is cancelled meanwhile
+            await asyncio.shield(teardown)
+
+    async def _teardown(self, receiver: asyncio.Task[None]) -> None:
+        await asyncio.wait([receiver])
+        if not receiver.cancelled() and receiver.exception() is not None:
+            pass  # logged above when it ended the session; retrieved here either way
+        await self._release("connection closed")
+        self._state.untrack(self.session)
+        self._state.metrics.sessions_active.labels(protocol=self.protocol).dec()
+
+    async def _release(self, reason: str) -> None:
+        """Release everything once: the protocol's part, then the session's."""
+        if self._released:
+            return
+        self._released = True
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        try:
+            await self.on_release(reason)
+        except Exception:
+            log.exception("%s session %s: release failed", self.protocol, self.session.id)
+        finally:
+            await self.session.aclose(reason)
+
+    async def _receive(self) -> None:
+        session = self.session
+        loop = asyncio.get_running_loop()
+        start_deadline = loop.time() + self._state.settings.start_timeout_s
+        while True:
+            try:
+                if self.established:
+                    msg = await self._ws.receive()
+                else:  # one deadline for the whole start phase, pings and pongs included
+                    async with asyncio.timeout_at(start_deadline):
+                        msg = await self._ws.receive()
+            except TimeoutError:
+                self._error(SessionError("start_timeout", "no start in time", CloseCode.POLICY))
+                return
+            try:
+                if msg.type is WSMsgType.TEXT:
+                    await self.on_text(msg.data)
+                elif msg.type is WSMsgType.BINARY:
+                    await self.on_binary(msg.data)
+                elif msg.type is WSMsgType.ERROR:
+                    self._on_ws_error(msg.data)
+                    return
+                else:  # CLOSE, CLOSING, CLOSED
+                    return
+            except SessionError as exc:
+                self._error(exc)
+            if session.done.done():
+                return
+            await self._wait_until_peer_reads()
+
+    def _error(self, exc: SessionError) -> None:
+        """Report ``exc``; before the session is established every error is fatal, and
+        malformed input beyond the budget closes the connection."""
+        if isinstance(exc, ProtocolViolation):
+            self._violations += 1
+            if self._violations > self._state.settings.max_protocol_errors:
+                exc = ProtocolViolation(
+                    "too_many_errors",
+                    f"more than {self._state.settings.max_protocol_errors} malformed messages",
+                    CloseCode.POLICY,
+                )
+        if exc.close_code is None and not self.established:
+            exc.close_code = CloseCode.POLICY  # nothing is valid before start
+        self.peer_log.info("%s (%s)", exc.code, exc.message)
+        self.session.fail(exc)
+
+    def _on_ws_error(self, error: object) -> None:
+        if self._ws.close_code == CloseCode.TOO_BIG:
+            self._state.metrics.errors.labels(code="message_too_big").inc()
+            self.peer_log.info("message over the size limit")
+        else:
+            self.peer_log.info("websocket error %r", error)
+
+    async def _wait_until_peer_reads(self) -> None:
+        """Read back-pressure: while our frames pile up unread in the transport, read
+        nothing more from the peer (the heartbeat ends a peer that never reads)."""
+        writer, ws, done = self._writer, self._ws, self.session.done
+        # A transport has no "drained below our threshold" event to wait on; this polls
+        # only while the peer is behind.
+        while writer.backlogged() and not ws.closed and not done.done():  # noqa: ASYNC110
+            await asyncio.sleep(BACKPRESSURE_POLL_S)
+
+
+def _websocket(state: GatewayState) -> web.WebSocketResponse:
+    settings = state.settings
+    return web.WebSocketResponse(
+        max_msg_size=settings.max_message_bytes,
+        compress=False,  # frames are written straight to the transport (gateway/wsframe.py)
+        heartbeat=settings.ws_heartbeat_s,
+        autoping=True,
+    )
+
+
+async def serve(
+    request: web.Request, connection: type[Connection], /, **kwargs: Any
+) -> web.StreamResponse:
+    """The aiohttp handler of every WebSocket protocol: upgrade, authenticate, run."""
+    state = request.app[STATE_KEY]
+    ws = _websocket(state)
+    if not ws.can_prepare(request).ok:
+        return web.json_response(
+            {"error": {"code": "websocket_required", "message": "connect with a WebSocket"}},
+            status=426,
+        )
+    await ws.prepare(request)
+    transport = request.transport
+    if transport is None:  # the peer left during the upgrade
+        return ws
+    conn = connection(ws, FrameWriter(transport), state, **kwargs)
+    token = conn.credentials(request)
+    if token is not None or connection.authenticates_at_upgrade():
+        try:
+            conn.authenticate(token)
+        except SessionError as exc:
+            state.metrics.errors.labels(code=exc.code).inc()
+            conn.refuse(exc)
+            await ws.close(code=exc.close_code or CloseCode.POLICY, message=exc.code.encode())
+            return ws
+    await conn.run()
+    return ws
+
+
+__all__ = ["SCOPE", "Connection", "serve"]
