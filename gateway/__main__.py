@@ -18,9 +18,11 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from gateway import logs
 from gateway.app import RedactingAccessLogger, create_app
 from gateway.auth import AuthConfigError, mint_token
 from gateway.config import ConfigError, GatewaySettings
+from gateway.listener import GuardedSite
 from gateway.state import STATE_KEY
 
 log = logging.getLogger("gateway")
@@ -63,9 +65,9 @@ def _token(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=os.environ.get("LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s gateway[%(process)d] %(levelname)s %(name)s: %(message)s",
+    logs.configure(
+        os.environ.get("LOG_LEVEL", "INFO"),
+        "%(asctime)s gateway[%(process)d] %(levelname)s %(name)s: %(message)s",
     )
     env = dict(os.environ)
     dev_token = None
@@ -124,7 +126,12 @@ async def _serve_until_signalled(
     every connection, so a caller's barge-in or an application's ``close`` would be lost.
     """
     runner = web.AppRunner(
-        app, handle_signals=False, access_log_class=RedactingAccessLogger, shutdown_timeout=5.0
+        app,
+        handle_signals=False,
+        access_log_class=RedactingAccessLogger,
+        shutdown_timeout=5.0,
+        # aiohttp's keep-alive timer runs from connect: a request head must arrive in time
+        keepalive_timeout=settings.handshake_timeout_s,
     )
     await runner.setup()
     stop = asyncio.Event()
@@ -132,7 +139,13 @@ async def _serve_until_signalled(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
-        site = web.TCPSite(runner, settings.host, settings.port)
+        site = GuardedSite(
+            runner,
+            settings.host,
+            settings.port,
+            max_connections=settings.max_connections,
+            metrics=app[STATE_KEY].metrics,
+        )
         await site.start()
         listening()
         await stop.wait()

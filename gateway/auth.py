@@ -84,6 +84,9 @@ DEFAULT_LEEWAY_S: Final = 30.0
 MIN_HMAC_SECRET_BYTES: Final = 32
 # RFC 7518 §3.3: RSA keys of 2048 bits or larger MUST be used.
 MIN_RSA_BITS: Final = 2048
+# NumericDates beyond the year 9999 (in seconds) are refused: no token lives that long,
+# and a huge integer (10**400) cannot even be turned into a float.
+MAX_NUMERIC_DATE: Final = 253_402_300_799
 # Tokens longer than this are refused before any parsing (cheap DoS guard).
 MAX_TOKEN_CHARS: Final = 8192
 
@@ -363,6 +366,8 @@ class TokenVerifier:
             raise AuthError("token_claims", "token is missing the 'exp' claim")
         if not _is_numeric_date(exp):
             raise AuthError("token_claims", "token 'exp' claim is not a NumericDate")
+        if not _in_range(exp):
+            raise AuthError("token_invalid", "token 'exp' claim is out of range")
         if now >= float(exp) + leeway:
             raise AuthError("token_expired", "access token has expired")
 
@@ -370,6 +375,8 @@ class TokenVerifier:
         if nbf is not None:
             if not _is_numeric_date(nbf):
                 raise AuthError("token_claims", "token 'nbf' claim is not a NumericDate")
+            if not _in_range(nbf):
+                raise AuthError("token_invalid", "token 'nbf' claim is out of range")
             if now + leeway < float(nbf):
                 raise AuthError("token_claims", "access token is not yet valid")
         iat = claims.get("iat")
@@ -429,12 +436,19 @@ class TokenVerifier:
 
 
 def _is_numeric_date(value: object) -> bool:
-    """RFC 7519 §2 NumericDate: a finite JSON number (booleans are not numbers)."""
+    """RFC 7519 §2 NumericDate: a finite JSON number (booleans are not numbers).
+
+    Values beyond :data:`MAX_NUMERIC_DATE` are refused separately (``token_invalid``):
+    an integer like ``10**400`` is a JSON number that no clock can compare against."""
     if isinstance(value, bool):
         return False
     if isinstance(value, int):
         return True
     return isinstance(value, float) and math.isfinite(value)
+
+
+def _in_range(value: float) -> bool:
+    return -MAX_NUMERIC_DATE <= value <= MAX_NUMERIC_DATE
 
 
 def _bind_secret(secret: str) -> _BoundKey:

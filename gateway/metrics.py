@@ -41,6 +41,18 @@ class GatewayMetrics:
             ["protocol"],
             registry=r,
         )
+        self.connections_open = Gauge(
+            "gateway_connections_open",
+            "TCP connections open on this worker (HTTP and WebSocket).",
+            registry=r,
+        )
+        self.connections_refused = Counter(
+            "gateway_connections_refused_total",
+            "Connections refused at accept, by reason (limit: GATEWAY_MAX_CONNECTIONS).",
+            ["reason"],
+            registry=r,
+        )
+        self.connections_refused.labels(reason="limit")
         self.sessions_total = Counter(
             "gateway_sessions_total",
             "Sessions accepted since start, by protocol.",
