@@ -35,6 +35,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--in-ring-kib", type=int, default=defaults.in_ring_kib)
     parser.add_argument("--shm-dir", default=defaults.shm_directory)
     parser.add_argument(
+        "--shm-name",
+        default=None,
+        help="name of the shared-memory segment (default: ivr-engine-<pid>-<random>); "
+        "the supervisor names it so that it can remove it if the engine is killed",
+    )
+    parser.add_argument(
         "--parent-pid", type=int, default=None, help="exit when this process goes away"
     )
     parser.add_argument(
@@ -70,7 +76,7 @@ async def run_engine(args: argparse.Namespace) -> None:
     backend = create_backend(args.backend)
     out_bytes, in_bytes = args.out_ring_kib * 1024, args.in_ring_kib * 1024
     size = SlotArena.region_size(args.slots, out_bytes, in_bytes)
-    name = f"ivr-engine-{os.getpid()}-{secrets.token_hex(4)}"
+    name = args.shm_name or f"ivr-engine-{os.getpid()}-{secrets.token_hex(4)}"
     region = SharedRegion.create(name, size, directory=args.shm_dir)
     arena = SlotArena(region, args.slots, out_bytes, in_bytes)
     arena.reset_all()

@@ -21,6 +21,7 @@ import contextlib
 import enum
 import logging
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.client import EngineClient, EngineUnavailable
+from engine.config import EngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,10 @@ class EngineSupervisor:
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._spawn = settings.socket_path is None
+        self._shm_dir = EngineSettings.from_env(
+            os.environ if settings.env is None else settings.env
+        ).shm_directory
+        self._shm_path: str | None = None  # the spawned engine's segment, until removed
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
         if self._spawn:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="ivr-engine-")
@@ -165,6 +171,10 @@ class EngineSupervisor:
     async def _start_engine(self) -> EngineClient:
         deadline = time.monotonic() + self.settings.ready_timeout
         if self._spawn:
+            # We name the engine's shared-memory segment so that we can remove it when
+            # the engine dies without doing so itself (SIGKILL, OOM killer, a crash).
+            shm_name = f"ivr-engine-{os.getpid()}-{self.restarts}-{secrets.token_hex(4)}"
+            self._shm_path = os.path.join(self._shm_dir, shm_name)
             cmd = [
                 sys.executable,
                 "-m",
@@ -175,6 +185,10 @@ class EngineSupervisor:
                 self.settings.backend,
                 "--parent-pid",
                 str(os.getpid()),
+                "--shm-dir",
+                self._shm_dir,
+                "--shm-name",
+                shm_name,
                 *self.settings.extra_args,
             ]
             if os.path.exists(self.socket_path):
@@ -235,3 +249,13 @@ class EngineSupervisor:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
                 await process.wait()
+        self._remove_segment()
+
+    def _remove_segment(self) -> None:
+        """Remove the spawned engine's shared-memory file once the engine is gone (a clean
+        engine removes it itself; a killed one cannot)."""
+        path, self._shm_path = self._shm_path, None
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                log.info("removed the dead engine's shared memory %s", path)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tests.integration.harness import ROOT, GatewayProcess, free_port
+from tests.integration.harness import ROOT, GatewayProcess, engine_pid_of, free_port
 
 TOKEN_TTL_S = 6 * 3600
 
@@ -166,8 +166,8 @@ class BaselineTarget(Target):
 class ExternalTarget(Target):
     """A gateway someone else started (``--target ws://host:port/v1/stream``).
 
-    CPU and memory are only watched for the pids given (or, for the engine, the pid that
-    ``/readyz`` reports, when the gateway runs on this machine).
+    CPU and memory are only watched for the pid given (and, when the gateway runs on this
+    machine, its engine child).
     """
 
     name = "external"
@@ -192,11 +192,9 @@ class ExternalTarget(Target):
         pids: dict[str, int] = {}
         if self._server_pid is not None:
             pids["server"] = self._server_pid
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            status, body = _get_json(self._http + "/readyz")
-            engine = body.get("engine_pid")
-            if status == 200 and engine and Path(f"/proc/{int(engine)}").exists():
-                pids["engine"] = int(engine)
+            engine = engine_pid_of(self._server_pid)
+            if engine is not None:
+                pids["engine"] = engine
         return pids
 
     @property

@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.integration.harness import ROOT, GatewayProcess, NativeClient
+from tests.integration.harness import ROOT, GatewayProcess, NativeClient, engine_pid_of
 
 
 @pytest.fixture
@@ -53,7 +53,8 @@ async def test_engine_crash_errors_streams_and_recovers(fresh_gateway: GatewayPr
         await client.aclose()
     # Not ready until the new engine is up, then ready within a few seconds.
     status, body = gw.readyz()
-    assert status == 503 or body["engine_pid"] != old_pid
+    assert status == 503 or gw.engine_pid() != old_pid
+    assert set(body) == {"ready", "draining", "vad_ready"}  # nothing internal
     gw.wait_ready(timeout=10, vad=False)
     assert time.monotonic() - killed_at < 5
     assert gw.engine_pid() != old_pid
@@ -126,3 +127,29 @@ async def test_slot_pool_exhaustion_refuses_with_1013(tmp_path: Path) -> None:
         for client in clients:
             await client.aclose()
         gw.stop()
+
+
+async def test_a_killed_engine_leaves_no_shared_memory(tmp_path: Path) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    gw = GatewayProcess(tmp_path / "gateway.log", ENGINE_SHM_DIR=str(shm), ENGINE_VAD="0")
+    gw.start()
+    try:
+        first = sorted(p.name for p in shm.iterdir())
+        assert len(first) == 1 and first[0].startswith("ivr-engine-")
+        for _ in range(2):  # every crash used to add one segment
+            old = gw.engine_pid()
+            os.kill(old, signal.SIGKILL)
+            assert gw.proc is not None
+            for _ in range(200):
+                if gw.readyz()[0] == 200 and engine_pid_of(gw.proc.pid) not in (None, old):
+                    break
+                await asyncio.sleep(0.05)
+            gw.wait_ready(timeout=10, vad=False)
+            await speak_ok(gw)
+            now = sorted(p.name for p in shm.iterdir())
+            assert len(now) == 1 and now != first
+            first = now
+    finally:
+        gw.stop()
+    assert list(shm.iterdir()) == []  # and nothing after a clean stop
