@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from gateway.admission import AdmissionController, AdmissionSettings, QueueFull
 from gateway.metrics import GatewayMetrics
 
-__all__ = ["AdmissionGate", "QueueFull", "Ticket"]
+__all__ = ["AdmissionGate", "QueueFull", "Ticket", "UtteranceAdmission"]
 
 
 @dataclass(eq=False)
@@ -106,3 +106,76 @@ class AdmissionGate:
         while True:
             await asyncio.sleep(self._poll_s)
             self._pump()
+
+
+class UtteranceAdmission:
+    """One session's utterances at the gate: a ticket per utterance, and the text of an
+    utterance held here while its ticket waits in the gate's queue.
+
+    ``send(seq, text, final)`` forwards text to the engine; ``expired(seq)`` tells the
+    session that a queued utterance waited too long (its held text is already dropped).
+    Without a gate (``gate`` None) every utterance is admitted at once.
+    """
+
+    def __init__(
+        self,
+        gate: AdmissionGate | None,
+        *,
+        send: Callable[[int, str, bool], None],
+        expired: Callable[[int, str], None],
+    ) -> None:
+        self._gate = gate
+        self._send = send
+        self._expired = expired
+        self._tickets: dict[int, Ticket] = {}
+        self._held: dict[int, list[tuple[str, bool]]] = {}
+
+    def admit(self, seq: int, utterance_id: str) -> None:
+        """Ask the gate for utterance ``seq``; raises :class:`QueueFull`."""
+        if self._gate is None:
+            return
+        ticket = Ticket(
+            release=lambda: self._release(seq), expire=lambda: self._expire(seq, utterance_id)
+        )
+        if not self._gate.submit(ticket):
+            self._held[seq] = []
+        self._tickets[seq] = ticket
+
+    def send(self, seq: int, text: str, final: bool) -> None:
+        """Text for ``seq``: to the engine, or held while ``seq`` waits at the gate."""
+        held = self._held.get(seq)
+        if held is not None:
+            held.append((text, final))
+        else:
+            self._send(seq, text, final)
+
+    def submitted_at(self, seq: int) -> float | None:
+        ticket = self._tickets.get(seq)
+        return None if ticket is None else ticket.submitted_at
+
+    def first_audio(self, seq: int) -> None:
+        """The engine produced ``seq``'s first audio (one less in flight at the gate)."""
+        ticket = self._tickets.get(seq)
+        if ticket is not None and self._gate is not None:
+            self._gate.first_audio(ticket)
+
+    def close(self, seq: int) -> None:
+        """``seq`` finished, failed or was dropped."""
+        ticket = self._tickets.pop(seq, None)
+        self._held.pop(seq, None)
+        if ticket is not None and self._gate is not None:
+            self._gate.close(ticket)
+
+    def close_all(self) -> None:
+        for seq in list(self._tickets):
+            self.close(seq)
+        self._held.clear()
+
+    def _release(self, seq: int) -> None:
+        for text, final in self._held.pop(seq, None) or ():
+            self._send(seq, text, final)
+
+    def _expire(self, seq: int, utterance_id: str) -> None:
+        self._held.pop(seq, None)
+        self._tickets.pop(seq, None)
+        self._expired(seq, utterance_id)

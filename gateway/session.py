@@ -34,7 +34,7 @@ from engine.schema import (
     UtteranceEnd,
     UtteranceFailed,
 )
-from gateway.admission_gate import AdmissionGate, QueueFull, Ticket
+from gateway.admission_gate import AdmissionGate, QueueFull, UtteranceAdmission
 from gateway.errors import CloseCode, SessionError
 from gateway.events import BargeIn, Cleared, ErrorEvent, Ready, SessionEvent
 from gateway.formats import AudioFormat, FrameEncoder
@@ -161,12 +161,11 @@ class Session:
         self._seq = itertools.count(1)
         self._auto_ids = itertools.count(1)
         self._open: _OpenUtterance | None = None
-        self._gate = gate
+        self._admission = UtteranceAdmission(
+            gate, send=self._to_engine, expired=self._queue_timeout
+        )
         self._leases = leases
         self.max_streams = max_streams  # the token's max_streams claim, if any
-        # Admission: each utterance's ticket, and text held while it waits at the gate.
-        self._tickets: dict[int, Ticket] = {}
-        self._held: dict[int, list[tuple[str, bool]]] = {}
         self.frames_sent = 0
         self.underruns = 0
         self._ended_logged = False
@@ -317,46 +316,26 @@ class Session:
                 target.utterance_id,
             )
         target.chars += len(text)
-        self._send_text(target.seq, text, flush)
+        self._admission.send(target.seq, text, flush)
         self._open = None if flush else target
         return target.utterance_id
 
     def _admit(self, seq: int, utterance_id: str) -> None:
         """Ask the admission gate for ``seq``; raises ``overloaded`` if it cannot wait."""
-        if self._gate is None:
-            return
-        ticket = Ticket(
-            release=lambda: self._release_held(seq),
-            expire=lambda: self._expire_held(seq, utterance_id),
-        )
-        self._tickets[seq] = ticket
         try:
-            if not self._gate.submit(ticket):
-                self._held[seq] = []
+            self._admission.admit(seq, utterance_id)
         except QueueFull:
-            del self._tickets[seq]
             self._metrics.golden_errors.labels(type="overloaded").inc()
             raise SessionError(
                 "overloaded", "the gateway's admission queue is full", None, utterance_id
             ) from None
 
-    def _send_text(self, seq: int, text: str, final: bool) -> None:
-        held = self._held.get(seq)
-        if held is not None:
-            held.append((text, final))  # waiting at the admission gate
-        elif self.stream is not None:
+    def _to_engine(self, seq: int, text: str, final: bool) -> None:
+        if self.stream is not None and self.state is not SessionState.CLOSED:
             self.stream.speak(seq, text, final=final)
 
-    def _release_held(self, seq: int) -> None:
-        held = self._held.pop(seq, None)
-        if held is None or self.stream is None or self.state is SessionState.CLOSED:
-            return
-        for text, final in held:
-            self.stream.speak(seq, text, final=final)
-
-    def _expire_held(self, seq: int, utterance_id: str) -> None:
-        self._held.pop(seq, None)
-        self._tickets.pop(seq, None)
+    def _queue_timeout(self, seq: int, utterance_id: str) -> None:
+        """Utterance ``seq`` waited too long at the admission gate: drop it."""
         if self._open is not None and self._open.seq == seq:
             self._open = None
         if self.playback is not None:
@@ -367,17 +346,6 @@ class Session:
             ErrorEvent("queue_timeout", "waited too long for the engine", utterance_id)
         )
 
-    def _close_ticket(self, seq: int, *, first_audio: bool = False) -> None:
-        ticket = self._tickets.get(seq)
-        if ticket is None or self._gate is None:
-            return
-        if first_audio:
-            self._gate.first_audio(ticket)
-        else:
-            self._tickets.pop(seq, None)
-            self._held.pop(seq, None)
-            self._gate.close(ticket)
-
     def flush(self, utterance_id: str | None = None) -> None:
         self._require_active()
         if self._open is not None and utterance_id in (None, self._open.utterance_id):
@@ -385,7 +353,7 @@ class Session:
 
     def _finalize_open(self) -> None:
         if self._open is not None and self.stream is not None:
-            self._send_text(self._open.seq, "", True)
+            self._admission.send(self._open.seq, "", True)
         self._open = None
 
     def mark(self, name: str) -> None:
@@ -410,7 +378,7 @@ class Session:
         if stream is None or playback is None:
             return
         self._open = None
-        self._close_all_tickets()
+        self._admission.close_all()
         hook = getattr(self._peer, "on_interrupt", None)
         if callable(hook):
             hook()  # e.g. a telephony leg flushes its vendor's buffer first
@@ -558,22 +526,22 @@ class Session:
     # --- engine events (StreamListener) -------------------------------------------------
 
     def on_utterance_audio(self, event: UtteranceAudio) -> None:
-        self._close_ticket(event.utterance, first_audio=True)
+        self._admission.first_audio(event.utterance)
         if self.playback is not None:
             self.playback.on_audio(event.utterance, event.start_pos, self._clock())
             self._pacer.wake(self)
 
     def on_utterance_end(self, event: UtteranceEnd) -> None:
-        ticket = self._tickets.get(event.utterance)
-        if ticket is not None:
-            self._metrics.request_duration.observe(self._clock() - ticket.submitted_at)
-        self._close_ticket(event.utterance)
+        submitted_at = self._admission.submitted_at(event.utterance)
+        if submitted_at is not None:
+            self._metrics.request_duration.observe(self._clock() - submitted_at)
+        self._admission.close(event.utterance)
         if self.playback is not None:
             self.playback.on_end(event.utterance, event.start_pos, event.end_pos, event.samples)
             self._pacer.wake(self)
 
     def on_utterance_failed(self, event: UtteranceFailed) -> None:
-        self._close_ticket(event.utterance)
+        self._admission.close(event.utterance)
         if self.playback is not None:
             self._metrics.errors.labels(code=event.code).inc()
             self.playback.on_failed(
@@ -598,16 +566,11 @@ class Session:
         if self._leases is not None:
             await self._leases.release_lease(self)
 
-    def _close_all_tickets(self) -> None:
-        for seq in list(self._tickets):
-            self._close_ticket(seq)
-        self._held.clear()
-
     async def aclose(self, reason: str = "") -> None:
         """Release everything; safe to call more than once, and whatever fails on the way
         (a store or engine error) the rest is still released."""
         self._pacer.discard(self)
-        self._close_all_tickets()
+        self._admission.close_all()
         if self.state is not SessionState.CLOSED:
             self._transition(SessionState.CLOSED, reason)
         stream, self.stream = self.stream, None
