@@ -22,6 +22,7 @@ from gateway.pacer import Pacer
 from gateway.protocols import PROTOCOLS
 from gateway.reference_audio import MAX_UPLOAD_BYTES
 from gateway.state import STATE_KEY, GatewayState
+from gateway.upload_worker import UploadWorkers
 from gateway.voice_store import FileVoiceStore, RedisVoiceStore, VoiceStore
 from gateway.voices import VoiceRegistry
 
@@ -55,14 +56,11 @@ async def readyz(request: web.Request) -> web.Response:
     supervisor = state.supervisor
     ready = supervisor.ready and not state.draining
     client = supervisor.client
+    # Probes are unauthenticated: they say whether to send traffic here, nothing internal
+    # (process ids, restart counts and the rest are in /metrics and the log).
     body = {
         "ready": ready,
         "draining": state.draining,
-        "engine": supervisor.state.value,
-        "engine_pid": client.welcome.engine_pid
-        if supervisor.ready and client and client.welcome
-        else None,
-        "engine_restarts": supervisor.restarts,
         "vad_ready": bool(
             supervisor.ready
             and client
@@ -145,6 +143,8 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
 
     app = web.Application(client_max_size=MAX_UPLOAD_BYTES + 256 * 1024)
     app[STATE_KEY] = state
+    upload_workers = UploadWorkers(settings.upload_workers)  # processes start at 1st upload
+    app[voices_api.UPLOAD_WORKERS_KEY] = upload_workers
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         state.pacer.start()
@@ -152,10 +152,12 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
         await leases.start()
         await supervisor.start()
         yield
+        await state.close()
         await leases.stop()
         await supervisor.stop()
         await state.gate.stop()
         await state.pacer.stop()
+        await upload_workers.close()
         if redis_client is not None:
             await redis_client.aclose()
 

@@ -199,7 +199,7 @@ class GatewayState:
                 return found
         elif not self.voices or voice in self.voice_ids():
             return voice, None
-        raise SessionError("unknown_voice", f"unknown voice {voice!r}", CloseCode.POLICY)
+        raise SessionError("unknown_voice", f"unknown voice {voice[:64]!r}", CloseCode.POLICY)
 
     def voice_ids(self) -> frozenset[str]:
         return frozenset(v.id for v in self.voices)

@@ -1,8 +1,9 @@
 """The voice registry: reference audio in, reusable voice out, features cached twice.
 
-Registration: the upload is decoded and normalized (:mod:`gateway.reference_audio`,
-off the event loop), the engine extracts the backend's features (``PrepareVoice``), and
-the record, the normalized audio and the features are stored (:mod:`gateway.voice_store`).
+Registration: the upload is decoded and normalized (:mod:`gateway.reference_audio`, by
+the caller, in a worker process: :mod:`gateway.upload_worker`), the engine extracts the
+backend's features (``PrepareVoice``), and the record, the normalized audio and the
+features are stored (:mod:`gateway.voice_store`).
 
 Features are looked up in L1 (an in-process LRU, ``GATEWAY_VOICE_CACHE_SIZE`` entries),
 then L2 (the shared store: Redis, or a local directory), and only then extracted. The
@@ -23,20 +24,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from engine.client import EngineClient, EngineRejected, EngineUnavailable
 from gateway.metrics import GatewayMetrics
-from gateway.reference_audio import ReferenceAudio, process_reference
+from gateway.reference_audio import ReferenceAudio
 from gateway.voice_store import StorageUnavailable, VoiceRecord, VoiceStore
 
 log = logging.getLogger(__name__)
 VOICE_ID_PREFIX = "vc_"
+# What a registered voice's id looks like: the registry mints VOICE_ID_PREFIX + 16 lowercase
+# hex digits. Anything else is no voice and never reaches the store (a 5,000-character id
+# made the file store fail).
+_VOICE_ID = re.compile(r"vc_[0-9a-f]{16}")
 MAX_NAME_CHARS = 100
 FEATURES_TTL_S = 30 * 24 * 3600.0
 RECORD_TTL_S = 10.0  # how long an instance trusts its cached copy of a voice's record
@@ -91,6 +97,15 @@ class BackendInfo:
     version: str
     cloning: bool
     voices: dict[str, str]  # built-in voice id -> language tag
+
+
+def is_voice_id(value: str) -> bool:
+    """Whether ``value`` has the shape of a registered voice's id (not whether it exists).
+
+    The one check applied before an id is looked up anywhere: ids of another shape are
+    unknown voices (404, ``unknown_voice``) without a round trip to the store.
+    """
+    return _VOICE_ID.fullmatch(value) is not None
 
 
 def base_voice_for(language: str, voices: dict[str, str]) -> str | None:
@@ -228,14 +243,19 @@ class VoiceRegistry:
     async def register(
         self,
         tenant: str,
-        data: bytes,
+        reference: Callable[[], Awaitable[ReferenceAudio]],
         *,
         name: str | None,
         language: str | None,
         transcript: str | None = None,
     ) -> VoiceRecord:
-        """Register a voice; raises :class:`VoiceError` (400/413/503) or
-        :class:`gateway.reference_audio.ReferenceAudioError`. Nothing is stored on
+        """Register a voice from the normalized audio ``reference()`` produces.
+
+        ``reference`` is awaited once, after the cheap checks (backend, language, name)
+        passed; decoding the upload is its business (the gateway runs it in a worker
+        process, :class:`gateway.upload_worker.UploadWorkers`). Raises
+        :class:`VoiceError` (400/503), or whatever ``reference`` raises (such as
+        :class:`gateway.reference_audio.ReferenceAudioError`). Nothing is stored on
         failure."""
         info = self._backend()
         if info is None:
@@ -250,7 +270,7 @@ class VoiceRegistry:
             raise VoiceError("unsupported_language", f"no voice speaks {language!r}", 400)
         if name is not None and len(name) > MAX_NAME_CHARS:
             raise VoiceError("invalid_name", f"name over {MAX_NAME_CHARS} characters", 400)
-        ref: ReferenceAudio = await asyncio.to_thread(process_reference, data)
+        ref = await reference()
         voice_id = VOICE_ID_PREFIX + secrets.token_hex(8)
         try:
             await self.features(ref.sha256, language, audio=ref.pcm)
@@ -275,8 +295,9 @@ class VoiceRegistry:
         return record
 
     async def get(self, tenant: str, voice_id: str) -> VoiceRecord | None:
-        """The tenant's voice, or None (another tenant's voice does not exist)."""
-        if not voice_id.startswith(VOICE_ID_PREFIX):
+        """The tenant's voice, or None (another tenant's voice does not exist, nor does an
+        id that :func:`is_voice_id` refuses: the store is not asked)."""
+        if not is_voice_id(voice_id):
             return None
         cached = self._records.get(voice_id)
         now = self._clock()

@@ -11,7 +11,7 @@ from gateway.voice_store import FileVoiceStore, StorageUnavailable, VoiceRecord
 from gateway.voices import RECORD_TTL_S, VoiceRegistry
 
 RECORD = VoiceRecord(
-    id="vc_test",
+    id="vc_7e57000000000001",
     tenant="acme",
     name="Agent",
     language="en",
@@ -80,7 +80,7 @@ async def test_an_unreachable_store_keeps_known_voices_speaking(tmp_path: Path) 
     clock.now += RECORD_TTL_S * 3
     assert await reg.get("acme", RECORD.id) == RECORD  # stale but served
     with pytest.raises(Exception) as info:
-        await reg.get("acme", "vc_unknown")
+        await reg.get("acme", "vc_0000000000000bad")
     assert getattr(info.value, "code", None) == "storage_unavailable"
 
 
