@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.events import SessionEvent
+from telephony.limits import MAX_CALL_ID_CHARS
 
 if TYPE_CHECKING:
     from gateway.session import Session
 
 log = logging.getLogger(__name__)
-MAX_CALL_ID_CHARS = 128
+__all__ = ["MAX_CALL_ID_CHARS", "Call", "CallIdInUse", "CallRegistry", "CallSubscriber"]
 
 
 class CallSubscriber(Protocol):

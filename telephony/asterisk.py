@@ -59,6 +59,11 @@ type); the gateway logs it and closes this leg, as it does for every malformed v
 message. Asterisk's own ``ERROR`` notification (sent for commands it rejects) is a typed
 event, :class:`DriverError`, because it is well-formed; what to do with it is the
 caller's decision.
+
+Ids: ``MEDIA_START`` ``connection_id`` and every event's ``channel_id`` (the channel's
+uniqueid, ``pbx1-123456789.999`` in [WS Control Commands and Events]) must obey
+:func:`telephony.limits.call_id_problem` (1..128 printable characters, no whitespace),
+else ``invalid_id``; the page documents no length.
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, Protocol, TypeAlias
+
+from telephony.limits import call_id_problem, excerpt
 
 __all__ = [
     "CODECS",
@@ -113,6 +120,7 @@ MAX_MESSAGE_BYTES: Final = 65_500
 COMMAND_MAX_BYTES: Final = 128
 DEFAULT_MAX_TEXT_CHARS: Final = 65_536  # inbound TEXT frame limit (ours)
 DEFAULT_MAX_PENDING_MARKS: Final = 1_000  # the driver queues ~1000 frames [WS Max Message Size]
+_MAX_INTEGER_DIGITS: Final = 20  # plain-text integers: 20 digits hold any 64-bit value
 
 # Correlation ids: printable, no whitespace (plain-text is space-separated and Asterisk
 # strips whitespace [src process_text_message]), no JSON escapes. The whole command must
@@ -190,6 +198,7 @@ class AsteriskErrorCode(enum.StrEnum):
     MEDIA_BEFORE_START = "media_before_start"  # a BINARY frame before MEDIA_START
     MISSING_FIELD = "missing_field"
     INVALID_FIELD = "invalid_field"
+    INVALID_ID = "invalid_id"  # connection_id/channel_id empty, over 128 chars, not printable
     UNSUPPORTED_CODEC = "unsupported_codec"
     INVALID_FRAME_SIZE = "invalid_frame_size"  # optimal_frame_size unusable
     INVALID_MEDIA = "invalid_media"  # empty, or not whole samples
@@ -480,6 +489,16 @@ class _Fields(Protocol):
     def optional_integer(self, key: str) -> int | None: ...
     def flag(self, key: str) -> bool: ...
     def variables(self, key: str) -> Mapping[str, str]: ...
+    def call_id(self, key: str) -> str: ...
+    def optional_call_id(self, key: str) -> str | None: ...
+
+
+def _checked_call_id(event: str, key: str, value: str) -> str:
+    """``value`` if it obeys :func:`telephony.limits.call_id_problem`."""
+    problem = call_id_problem(value)
+    if problem is not None:
+        raise _fail(AsteriskErrorCode.INVALID_ID, f"{event} {key} {excerpt(value)} {problem}")
+    return value
 
 
 class _PlainFields:
@@ -502,7 +521,8 @@ class _PlainFields:
         value = self._values.get(key)
         if value is None:
             return None
-        if not (value.isascii() and value.isdigit()):
+        # int() raises ValueError past 4,300 digits; Asterisk writes these with %d/%u [src]
+        if len(value) > _MAX_INTEGER_DIGITS or not (value.isascii() and value.isdigit()):
             raise _fail(AsteriskErrorCode.INVALID_FIELD, f"{self._event} {key} is not an integer")
         return int(value)
 
@@ -520,6 +540,13 @@ class _PlainFields:
 
     def variables(self, key: str) -> Mapping[str, str]:
         return {}  # channel variables exist only in JSON [WS Events footnote 2]
+
+    def call_id(self, key: str) -> str:
+        return _checked_call_id(self._event, key, self.text(key))
+
+    def optional_call_id(self, key: str) -> str | None:
+        value = self.optional_text(key)
+        return None if value is None else _checked_call_id(self._event, key, value)
 
 
 class _JsonFields:
@@ -569,6 +596,13 @@ class _JsonFields:
             raise self._bad(key, "an object of strings")
         return dict(value)
 
+    def call_id(self, key: str) -> str:
+        return _checked_call_id(self._event, key, self.text(key))
+
+    def optional_call_id(self, key: str) -> str | None:
+        value = self.optional_text(key)
+        return None if value is None else _checked_call_id(self._event, key, value)
+
 
 def _decode_media_start(f: _Fields) -> MediaStart:
     codec_name = f.text("format")
@@ -587,9 +621,9 @@ def _decode_media_start(f: _Fields) -> MediaStart:
     if ptime is not None and ptime <= 0:
         raise _fail(AsteriskErrorCode.INVALID_FIELD, "MEDIA_START ptime must be positive")
     return MediaStart(
-        connection_id=f.text("connection_id"),
+        connection_id=f.call_id("connection_id"),
         channel=f.text("channel"),
-        channel_id=f.optional_text("channel_id"),
+        channel_id=f.optional_call_id("channel_id"),
         codec=codec.name,
         format=codec.format,
         sample_rate=codec.sample_rate,
@@ -603,13 +637,13 @@ def _decode_dtmf_end(f: _Fields) -> DtmfEnd:
     digit = f.text("digit")
     if len(digit) != 1:
         raise _fail(AsteriskErrorCode.INVALID_FIELD, "DTMF_END digit is not one character")
-    return DtmfEnd(digit=digit, channel_id=f.optional_text("channel_id"))
+    return DtmfEnd(digit=digit, channel_id=f.optional_call_id("channel_id"))
 
 
 def _decode_mark_processed(f: _Fields) -> MediaMarkProcessed:
     return MediaMarkProcessed(
         correlation_id=f.optional_text("correlation_id") or "",
-        channel_id=f.optional_text("channel_id"),
+        channel_id=f.optional_call_id("channel_id"),
     )
 
 
@@ -617,13 +651,13 @@ def _decode_buffering_completed(f: _Fields) -> MediaBufferingCompleted:
     # JSON sends "" when STOP_MEDIA_BUFFERING had no id [src S_OR(id, "")].
     return MediaBufferingCompleted(
         correlation_id=f.optional_text("correlation_id") or None,
-        channel_id=f.optional_text("channel_id"),
+        channel_id=f.optional_call_id("channel_id"),
     )
 
 
 def _decode_status(f: _Fields) -> DriverStatus:
     return DriverStatus(
-        channel_id=f.optional_text("channel_id"),
+        channel_id=f.optional_call_id("channel_id"),
         queue_length=f.integer("queue_length"),
         xon_level=f.integer("xon_level"),
         xoff_level=f.integer("xoff_level"),
@@ -636,7 +670,7 @@ def _decode_status(f: _Fields) -> DriverStatus:
 def _decode_error(f: _Fields) -> DriverError:
     # Some error texts end in "\n" [src handle_command, SET_MEDIA_DIRECTION].
     return DriverError(
-        error_text=f.text("error_text").strip(), channel_id=f.optional_text("channel_id")
+        error_text=f.text("error_text").strip(), channel_id=f.optional_call_id("channel_id")
     )
 
 
@@ -661,10 +695,10 @@ _EVENTS: Final[Mapping[str, _EventSpec]] = {
     "MEDIA_START": _EventSpec(_T.MEDIA_START, _PlainShape.KEY_VALUE, _decode_media_start),
     "DTMF_END": _EventSpec(_T.NOTIFICATION, _PlainShape.KEY_VALUE, _decode_dtmf_end),
     "MEDIA_XOFF": _EventSpec(
-        _T.MEDIA_XOFF, _PlainShape.NONE, lambda f: MediaXoff(f.optional_text("channel_id"))
+        _T.MEDIA_XOFF, _PlainShape.NONE, lambda f: MediaXoff(f.optional_call_id("channel_id"))
     ),
     "MEDIA_XON": _EventSpec(
-        _T.MEDIA_XON, _PlainShape.NONE, lambda f: MediaXon(f.optional_text("channel_id"))
+        _T.MEDIA_XON, _PlainShape.NONE, lambda f: MediaXon(f.optional_call_id("channel_id"))
     ),
     "MEDIA_MARK_PROCESSED": _EventSpec(
         _T.NOTIFICATION, _PlainShape.CORRELATION_ID, _decode_mark_processed
@@ -673,7 +707,7 @@ _EVENTS: Final[Mapping[str, _EventSpec]] = {
         _T.NOTIFICATION, _PlainShape.CORRELATION_ID, _decode_buffering_completed
     ),
     "QUEUE_DRAINED": _EventSpec(
-        _T.NOTIFICATION, _PlainShape.NONE, lambda f: QueueDrained(f.optional_text("channel_id"))
+        _T.NOTIFICATION, _PlainShape.NONE, lambda f: QueueDrained(f.optional_call_id("channel_id"))
     ),
     "STATUS": _EventSpec(_T.NOTIFICATION, _PlainShape.KEY_VALUE, _decode_status),
     "ERROR": _EventSpec(_T.NOTIFICATION, _PlainShape.KEY_VALUE_TEXT_LAST, _decode_error),
@@ -913,7 +947,8 @@ class AsteriskConnection:
         try:
             if TRANSITIONS.get((self._state, Trigger.MEDIA)) is None:
                 self._move(Trigger.MEDIA, remote=True)
-            assert self._codec is not None  # the table admits media only after MEDIA_START
+            if self._codec is None:  # CLOSING by a hangup() before MEDIA_START
+                raise _fail(AsteriskErrorCode.MEDIA_BEFORE_START, "BINARY frame before MEDIA_START")
             if len(data) > MAX_MESSAGE_BYTES:
                 raise _fail(
                     AsteriskErrorCode.MESSAGE_TOO_LARGE,
@@ -976,7 +1011,11 @@ class AsteriskConnection:
         if not self._tail:
             return []
         missing = self._start.optimal_frame_size - len(self._tail)
-        frame = self._tail + codec.silence * (missing // codec.sample_bytes)
+        # Exactly one frame even when the tail ends in part of a sample (audio handed to
+        # media_frames in odd-sized chunks): a short frame would be dropped [WS Media
+        # Transfer]. Silence is the same byte repeated in every codec here.
+        padding = codec.silence * -(-missing // codec.sample_bytes)
+        frame = self._tail + padding[:missing]
         self._tail = b""
         return [frame]
 
@@ -1004,13 +1043,13 @@ class AsteriskConnection:
 
     def hangup(self) -> str:
         """``HANGUP``: hang up the channel; Asterisk then closes the socket [WS Commands]."""
+        if self._state is AsteriskState.FAILED:  # even when it failed before the format
+            raise AsteriskUsageError(
+                AsteriskErrorCode.CONNECTION_FAILED, "hangup after a protocol error"
+            )
         if self._format is None:
             raise AsteriskUsageError(
                 AsteriskErrorCode.FORMAT_UNKNOWN, "HANGUP before the control format is known"
-            )
-        if self._state is AsteriskState.FAILED:
-            raise AsteriskUsageError(
-                AsteriskErrorCode.CONNECTION_FAILED, "hangup after a protocol error"
             )
         text = encode_command(Command.HANGUP, self._format)
         self._move(Trigger.HANGUP, remote=False)
@@ -1019,9 +1058,10 @@ class AsteriskConnection:
     def mark_media(self, correlation_id: str) -> str:
         """``MARK_MEDIA``: Asterisk answers ``MEDIA_MARK_PROCESSED`` with this id once all
         media sent before it has gone to the core [WS Commands]."""
+        self._require_started(Command.MARK_MEDIA.value)  # the state's refusal comes first
         if correlation_id in self._pending or correlation_id in self._flushed:
             raise AsteriskUsageError(
-                AsteriskErrorCode.DUPLICATE_MARK, f"mark {correlation_id!r} is outstanding"
+                AsteriskErrorCode.DUPLICATE_MARK, f"mark {excerpt(correlation_id)} is outstanding"
             )
         if len(self._pending) >= self._max_pending_marks:
             raise AsteriskUsageError(

@@ -37,6 +37,13 @@ Authentication: Twilio cannot set request headers on the stream's WebSocket, so 
 travels as a ``<Parameter>`` and arrives in ``start.customParameters`` ("Start message").
 This core only exposes it (:attr:`TwilioStart.custom_parameters`, :attr:`TwilioStart.token`);
 the caller verifies it. Neither field appears in ``repr`` so events can be logged safely.
+
+Ids: ``start.streamSid``, ``start.callSid``, ``start.accountSid`` and ``stop``'s
+``accountSid``/``callSid`` must obey :func:`telephony.limits.call_id_problem` (1..128
+printable characters, no whitespace), else ``invalid_id``. Twilio's sids are 34 characters,
+``MZ``/``CA``/``AC`` and 32 hex digits (the REST API reference gives a Call sid the pattern
+``^CA[0-9a-fA-F]{32}$``; this page's examples shorten them), but that shape is not
+required: test tools and other vendors speaking this protocol send other ids.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
 import msgspec
+
+from telephony.limits import call_id_problem, excerpt
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_CHARS",
@@ -88,6 +97,8 @@ MULAW_FRAME_BYTES: Final = SAMPLE_RATE * FRAME_MS // 1000  # 160 mu-law bytes pe
 DEFAULT_MAX_MESSAGE_CHARS: Final = 65_536  # inbound text frame limit (ours, not Twilio's)
 DEFAULT_MAX_PENDING_MARKS: Final = 1_000  # marks sent and not yet echoed
 MAX_MARK_NAME_CHARS: Final = 256  # Twilio documents no limit; this bounds our bookkeeping
+# sequenceNumber, chunk, timestamp: decimal strings; 20 digits hold any 64-bit counter
+_MAX_COUNTER_DIGITS: Final = 20
 
 
 class TwilioState(enum.Enum):
@@ -126,6 +137,7 @@ class TwilioErrorCode(enum.StrEnum):
     MEDIA_BEFORE_START = "media_before_start"  # media/dtmf/mark/stop before ``start``
     MISSING_FIELD = "missing_field"
     INVALID_FIELD = "invalid_field"  # present but of the wrong type or form
+    INVALID_ID = "invalid_id"  # a sid that is empty, over 128 characters, or not printable
     INVALID_BASE64 = "invalid_base64"  # media.payload does not decode
     UNSUPPORTED_CODEC = "unsupported_codec"  # mediaFormat other than mu-law/8000/mono
     STREAM_SID_MISMATCH = "stream_sid_mismatch"
@@ -318,6 +330,15 @@ def _nonempty_str(obj: Mapping[str, Any], key: str, path: str) -> str:
     return value
 
 
+def _call_id(obj: Mapping[str, Any], key: str, path: str) -> str:
+    """A sid: a string obeying :func:`telephony.limits.call_id_problem`."""
+    value = _str(obj, key, path)
+    problem = call_id_problem(value)
+    if problem is not None:
+        raise _fail(TwilioErrorCode.INVALID_ID, f"{path} {excerpt(value)} {problem}")
+    return value
+
+
 def _object(obj: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
     value = _get(obj, key, path)
     if not isinstance(value, dict):
@@ -328,7 +349,12 @@ def _object(obj: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
 def _counter(obj: Mapping[str, Any], key: str, path: str) -> int:
     """A non-negative integer that Twilio sends as a decimal string (e.g. ``"1"``)."""
     value = _get(obj, key, path)
-    if isinstance(value, str) and value.isascii() and value.isdigit():
+    if (
+        isinstance(value, str)
+        and len(value) <= _MAX_COUNTER_DIGITS  # int() raises ValueError past 4,300 digits
+        and value.isascii()
+        and value.isdigit()
+    ):
         return int(value)
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
@@ -419,6 +445,10 @@ class TwilioConnection:
             msg = _json_decode(text)  # 50 media events a second per call: the C decoder
         except (msgspec.DecodeError, RecursionError) as exc:
             raise _fail(TwilioErrorCode.INVALID_JSON, f"not JSON: {exc}") from None
+        except UnicodeEncodeError:
+            # msgspec decodes UTF-8: a str with a lone surrogate cannot be encoded, and
+            # cannot have come off the wire either (a text frame is UTF-8, RFC 6455 5.6).
+            raise _fail(TwilioErrorCode.INVALID_JSON, "not UTF-8 text") from None
         if not isinstance(msg, dict):
             raise _fail(TwilioErrorCode.INVALID_JSON, "not a JSON object")
         name = _str(msg, "event", "event")
@@ -474,8 +504,8 @@ class TwilioConnection:
         # "Stop message": sequenceNumber, stop.{accountSid, callSid}, streamSid
         seq, sid = self._sequence_and_sid(msg)
         stop = _object(msg, "stop", "stop")
-        account_sid = _str(stop, "accountSid", "stop.accountSid")
-        call_sid = _str(stop, "callSid", "stop.callSid")
+        account_sid = _call_id(stop, "accountSid", "stop.accountSid")
+        call_sid = _call_id(stop, "callSid", "stop.callSid")
         unechoed = self.pending_marks
         self._pending.clear()
         return TwilioStop(seq, sid, account_sid, call_sid, unechoed)
@@ -485,7 +515,8 @@ class TwilioConnection:
         # customParameters, mediaFormat.{encoding, sampleRate, channels}}, streamSid
         seq = _counter(msg, "sequenceNumber", "sequenceNumber")
         start = _object(msg, "start", "start")
-        sid = _nonempty_str(start, "streamSid", "start.streamSid")
+        _nonempty_str(start, "streamSid", "start.streamSid")  # "" stays invalid_field, as ever
+        sid = _call_id(start, "streamSid", "start.streamSid")
         if "streamSid" in msg and msg["streamSid"] != sid:
             raise _fail(
                 TwilioErrorCode.STREAM_SID_MISMATCH, "streamSid differs from start.streamSid"
@@ -510,14 +541,14 @@ class TwilioConnection:
         if media_format != TwilioMediaFormat(MULAW_ENCODING, SAMPLE_RATE, CHANNELS):
             raise _fail(
                 TwilioErrorCode.UNSUPPORTED_CODEC,
-                f"mediaFormat {media_format.encoding!r}/{media_format.sample_rate}"
+                f"mediaFormat {excerpt(media_format.encoding)}/{media_format.sample_rate}"
                 f"/{media_format.channels}, need {MULAW_ENCODING}/{SAMPLE_RATE}/{CHANNELS}",
             )
         event = TwilioStart(
             sequence_number=seq,
             stream_sid=sid,
-            account_sid=_str(start, "accountSid", "start.accountSid"),
-            call_sid=_str(start, "callSid", "start.callSid"),
+            account_sid=_call_id(start, "accountSid", "start.accountSid"),
+            call_sid=_call_id(start, "callSid", "start.callSid"),
             tracks=tuple(tracks),
             media_format=media_format,
             custom_parameters=dict(params),
@@ -533,7 +564,7 @@ class TwilioConnection:
         if sid != self._start.stream_sid:
             raise _fail(
                 TwilioErrorCode.STREAM_SID_MISMATCH,
-                f"streamSid {sid[:64]!r} is not this stream's {self._start.stream_sid!r}",
+                f"streamSid {excerpt(sid)} is not this stream's {self._start.stream_sid!r}",
             )
         return seq, sid
 

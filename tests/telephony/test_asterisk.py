@@ -44,6 +44,7 @@ from telephony.asterisk import (
     encode_command,
     format_for_codec,
 )
+from telephony.limits import MAX_CALL_ID_CHARS
 
 PLAIN = ControlFormat.PLAIN_TEXT
 JSON = ControlFormat.JSON
@@ -799,6 +800,124 @@ def test_format_switch_mid_call_is_rejected() -> None:
     expect_protocol_error(active(JSON), "MEDIA_XON", AsteriskErrorCode.WRONG_CONTROL_FORMAT)
 
 
+# --------------------------------------------------------------------------- ids
+
+#: One frame per place an id arrives, in both formats, with "{id}" where the id goes:
+#: MEDIA_START connection_id and channel_id, and every other event's channel_id.
+ID_FRAMES: list[tuple[ControlFormat, str]] = [
+    (PLAIN, plain_media_start("ulaw", 160).replace("connection_id:c", "connection_id:{id}")),
+    (PLAIN, plain_media_start("ulaw", 160).replace("channel_id:1.1", "channel_id:{id}")),
+    (PLAIN, "DTMF_END digit:5 channel_id:{id}"),
+    (PLAIN, DOC_PLAIN_STATUS + " channel_id:{id}"),
+    (PLAIN, "ERROR channel_id:{id} error_text:MARK_MEDIA not supported"),
+    *[
+        (
+            JSON,
+            json.dumps(
+                {
+                    "event": "MEDIA_START",
+                    "connection_id": "c",
+                    "channel": "WebSocket/c",
+                    "format": "ulaw",
+                    "optimal_frame_size": 160,
+                    key: "{id}",
+                }
+            ),
+        )
+        for key in ("connection_id", "channel_id")
+    ],
+    *[
+        (JSON, json.dumps({"event": event, "channel_id": "{id}", **extra}))
+        for event, extra in [
+            ("DTMF_END", {"digit": "1"}),
+            ("MEDIA_XOFF", {}),
+            ("MEDIA_XON", {}),
+            ("QUEUE_DRAINED", {}),
+            ("MEDIA_BUFFERING_COMPLETED", {"correlation_id": ""}),
+            ("MEDIA_MARK_PROCESSED", {"correlation_id": "m1"}),
+            ("ERROR", {"error_text": "x"}),
+        ]
+    ],
+]
+
+
+def id_frame(fmt: ControlFormat, template: str, value: str) -> tuple[AsteriskConnection, str]:
+    """A connection ready for ``template``'s event, and the frame with the id in place."""
+    if "MEDIA_START" in template:
+        conn = AsteriskConnection(control_format=fmt)
+    else:
+        conn = active(fmt)
+        conn.mark_media("m1")
+    if fmt is JSON:
+        value = json.dumps(value)[1:-1]  # escaped as Asterisk's JSON writer would
+    return conn, template.replace("{id}", value)
+
+
+@pytest.mark.parametrize(("fmt", "template"), ID_FRAMES)
+@pytest.mark.parametrize(
+    "value",
+    [
+        "C" * 129,  # one over MAX_CALL_ID_CHARS
+        "C" * 10_000,
+        "1.1\t2",  # whitespace: tab, line separator, ideographic space
+        "1.1\u20282",
+        "1.1\u30002",
+        "1.1\x002",  # control and format characters
+        "1.1\x7f2",
+        "1.1\u200b2",
+    ],
+)
+def test_ids_too_long_or_not_printable_are_invalid_id(
+    fmt: ControlFormat, template: str, value: str
+) -> None:
+    conn, text = id_frame(fmt, template, value)
+    err = expect_protocol_error(conn, text, AsteriskErrorCode.INVALID_ID)
+    assert "C" * 65 not in err.message  # never more than 64 characters of the id
+    assert len(err.message) < 200
+    assert err.message.isprintable()  # control characters quoted as repr escapes
+
+
+@pytest.mark.parametrize(("fmt", "template"), [f for f in ID_FRAMES if f[0] is JSON])
+@pytest.mark.parametrize("value", ["", "1.1 2", "\ud800"])  # json.loads gives lone surrogates
+def test_json_ids_empty_with_space_or_surrogate_are_invalid_id(
+    fmt: ControlFormat, template: str, value: str
+) -> None:
+    conn, text = id_frame(fmt, template, value)
+    expect_protocol_error(conn, text, AsteriskErrorCode.INVALID_ID)
+
+
+@pytest.mark.parametrize(("fmt", "template"), [f for f in ID_FRAMES if f[0] is PLAIN])
+def test_plain_empty_ids_are_invalid_id(fmt: ControlFormat, template: str) -> None:
+    conn, text = id_frame(fmt, template, "")
+    err = expect_protocol_error(conn, text, AsteriskErrorCode.INVALID_ID)
+    assert err.message.endswith("'' is empty")
+
+
+@pytest.mark.parametrize(("fmt", "template"), ID_FRAMES)
+@pytest.mark.parametrize(
+    "value",
+    [
+        "C" * MAX_CALL_ID_CHARS,  # the bound itself
+        CHANNEL_ID,
+        "1761245643.1",
+        "e226e283-c90a-4ea9-9e37-389000b9ef47",
+        "通道-1",  # printable non-ASCII
+    ],
+)
+def test_ids_of_any_printable_shape_up_to_128_chars_are_accepted(
+    fmt: ControlFormat, template: str, value: str
+) -> None:
+    conn, text = id_frame(fmt, template, value)
+    [event] = conn.receive_text(text)
+    assert not isinstance(event, MediaReceived)
+    assert value in (event.channel_id, getattr(event, "connection_id", None))
+
+
+def test_plain_media_start_without_channel_id_is_still_accepted() -> None:
+    [event] = AsteriskConnection().receive_text(DOC_PLAIN_MEDIA_START_ORIGINAL)
+    assert isinstance(event, MediaStart) and event.channel_id is None
+
+
 # --------------------------------------------------------------------------- error codes
 
 
@@ -974,6 +1093,7 @@ def test_every_error_code_is_exercised() -> None:
         "media_before_start",
         "missing_field",
         "invalid_field",
+        "invalid_id",
         "unsupported_codec",
         "invalid_frame_size",
         "invalid_media",
@@ -990,3 +1110,78 @@ def test_every_error_code_is_exercised() -> None:
         "duplicate_mark",
         "too_many_marks",
     }
+
+
+# --------------------------------------------------------------------------- fuzzer finds
+# Bugs tests/telephony/test_asterisk_fuzz.py found.
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        plain_media_start("ulaw", 160).replace(
+            "optimal_frame_size:160", "optimal_frame_size:" + "9" * 4_301
+        ),
+        plain_media_start("ulaw", 160).replace("ptime:20", "ptime:" + "0" * 21),
+    ],
+)
+def test_plain_integer_over_20_digits_is_invalid_field_not_value_error(text: str) -> None:
+    # int() refuses strings of over 4,300 digits with ValueError, which escaped.
+    expect_protocol_error(AsteriskConnection(), text, AsteriskErrorCode.INVALID_FIELD)
+    status = DOC_PLAIN_STATUS.replace("queue_length:43", "queue_length:" + "9" * 5_000)
+    expect_protocol_error(active(), status, AsteriskErrorCode.INVALID_FIELD)
+
+
+def test_plain_integer_of_20_digits_is_accepted() -> None:
+    status = DOC_PLAIN_STATUS.replace("queue_length:43", "queue_length:" + "9" * 20)
+    [event] = active().receive_text(status)
+    assert isinstance(event, DriverStatus) and event.queue_length == 10**20 - 1
+
+
+@pytest.mark.parametrize("first", [" " * 100, b"\xff" * 160])
+def test_hangup_after_a_failure_before_the_format_is_known(first: str | bytes) -> None:
+    # The failure came before any frame set the control format: hangup said
+    # format_unknown, where every other call says connection_failed.
+    conn = AsteriskConnection(max_text_chars=50)
+    with pytest.raises(AsteriskProtocolError):
+        _feed(conn, first)
+    assert conn.control_format is None
+    expect_usage_error(conn.hangup, AsteriskErrorCode.CONNECTION_FAILED)
+
+
+def test_mark_media_after_a_failure_is_connection_failed_whatever_the_marks() -> None:
+    # mark_media checked duplicates and the limit before the state.
+    conn = AsteriskConnection(max_pending_marks=1)
+    conn.receive_text(DOC_PLAIN_MEDIA_START)
+    conn.mark_media("a")
+    expect_protocol_error(conn, "NOT_AN_EVENT", AsteriskErrorCode.UNKNOWN_EVENT)
+    expect_usage_error(lambda: conn.mark_media("b"), AsteriskErrorCode.CONNECTION_FAILED)
+    expect_usage_error(lambda: conn.mark_media("a"), AsteriskErrorCode.CONNECTION_FAILED)
+    closing = active()
+    closing.mark_media("a")
+    closing.hangup()
+    expect_usage_error(lambda: closing.mark_media("a"), AsteriskErrorCode.CLOSED)
+
+
+def test_media_after_a_hangup_before_media_start_is_media_before_start() -> None:
+    # CLOSING admits media, but this leg never started: the codec was None and an
+    # AssertionError escaped (AttributeError under python -O).
+    conn = AsteriskConnection(control_format=PLAIN)
+    conn.hangup()
+    assert conn.state is AsteriskState.CLOSING
+    expect_protocol_error(conn, b"\x7f" * 160, AsteriskErrorCode.MEDIA_BEFORE_START)
+
+
+@pytest.mark.parametrize(("codec", "frame"), [("slin", 320), ("slin16", 640)])
+@pytest.mark.parametrize("odd", [1, 3, 319])
+def test_flush_tail_of_part_of_a_sample_is_still_one_whole_frame(
+    codec: str, frame: int, odd: int
+) -> None:
+    # Audio handed over in odd-sized chunks left half a sample in the tail, and the
+    # padded frame came out one byte short: Asterisk drops a partial frame.
+    conn = active(start=plain_media_start(codec, frame))
+    assert conn.media_frames(b"\x01" * odd) == []
+    [padded] = conn.flush_tail()
+    assert len(padded) == frame
+    assert padded == b"\x01" * odd + b"\x00" * (frame - odd)
+    assert conn.buffered_bytes == 0

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from telephony.limits import MAX_CALL_ID_CHARS
 from telephony.twilio import (
     MULAW_FRAME_BYTES,
     TRANSITIONS,
@@ -534,6 +535,141 @@ def test_send_after_failure_is_local_misuse() -> None:
     assert info.value.code is TwilioErrorCode.CONNECTION_FAILED
 
 
+# --------------------------------------------------------------------------- ids
+
+#: Every sid this core reads, as (message, member): "Start message", "Stop message".
+ID_FIELDS = [
+    ("start", "streamSid"),
+    ("start", "accountSid"),
+    ("start", "callSid"),
+    ("stop", "accountSid"),
+    ("stop", "callSid"),
+]
+ID_ATTRIBUTES = {"streamSid": "stream_sid", "accountSid": "account_sid", "callSid": "call_sid"}
+
+
+def with_id(where: str, key: str, value: str) -> tuple[TwilioConnection, str]:
+    """A connection ready for a ``where`` message, and that message with ``key`` set."""
+    if where == "start":
+        conn = TwilioConnection()
+        conn.receive_text(DOC_CONNECTED)
+        doc = json.loads(DOC_START)
+        doc["start"][key] = value
+        if key == "streamSid":
+            doc["streamSid"] = value  # the top-level copy must match
+    else:
+        conn = streaming()
+        doc = json.loads(DOC_STOP)
+        doc["stop"][key] = value
+    return conn, json.dumps(doc)
+
+
+@pytest.mark.parametrize(("where", "key"), ID_FIELDS)
+@pytest.mark.parametrize(
+    "value",
+    [
+        "C" * 129,  # one over MAX_CALL_ID_CHARS
+        "C" * 10_000,
+        "CA 1",  # whitespace: space, tab, line and paragraph separators, ideographic space
+        "CA\t1",
+        "CA\u20281",
+        "CA\u30001",
+        "CA\x001",  # control and format characters
+        "CA\x7f1",
+        "CA\x851",
+        "CA\u200b1",
+    ],
+)
+def test_ids_too_long_or_not_printable_are_invalid_id(where: str, key: str, value: str) -> None:
+    conn, text = with_id(where, key, value)
+    with pytest.raises(TwilioProtocolError) as info:
+        conn.receive_text(text)
+    assert info.value.code is TwilioErrorCode.INVALID_ID
+    assert info.value.message.startswith(f"{where}.{key} ")
+    assert "C" * 65 not in info.value.message  # never more than 64 characters of the id
+    assert len(info.value.message) < 200
+    assert info.value.message.isprintable()  # control characters quoted as repr escapes
+    assert conn.state is TwilioState.FAILED
+
+
+@pytest.mark.parametrize(("where", "key"), [f for f in ID_FIELDS if f[1] != "streamSid"])
+def test_empty_ids_are_invalid_id(where: str, key: str) -> None:
+    conn, text = with_id(where, key, "")
+    with pytest.raises(TwilioProtocolError) as info:
+        conn.receive_text(text)
+    assert info.value.code is TwilioErrorCode.INVALID_ID
+    assert info.value.message == f"{where}.{key} '' is empty"
+
+
+def test_empty_stream_sid_stays_invalid_field() -> None:
+    # Refused before ids were checked, with invalid_field; the code is kept.
+    conn, text = with_id("start", "streamSid", "")
+    expect_protocol_error(conn, text, TwilioErrorCode.INVALID_FIELD)
+
+
+@pytest.mark.parametrize(("where", "key"), ID_FIELDS)
+@pytest.mark.parametrize(
+    "value",
+    [
+        "C" * MAX_CALL_ID_CHARS,  # the bound itself
+        "CA" + "0123456789abcdef" * 2,  # a real sid: CA/MZ/AC and 32 hex digits
+        "X",  # not the documented 34-character shape: test tools send such ids
+        "call-1",
+        "sip:alice@example.com;tag=1",
+        "呼叫-1",  # printable non-ASCII
+    ],
+)
+def test_ids_of_any_printable_shape_up_to_128_chars_are_accepted(
+    where: str, key: str, value: str
+) -> None:
+    conn, text = with_id(where, key, value)
+    [event] = conn.receive_text(text)
+    assert isinstance(event, TwilioStart | TwilioStop)
+    assert getattr(event, ID_ATTRIBUTES[key]) == value
+
+
+# --------------------------------------------------------------------------- fuzzer finds
+# Bugs tests/telephony/test_twilio_fuzz.py found; each escaped as a non-Twilio exception.
+
+
+@pytest.mark.parametrize("digits", [21, 4_301, 10_000])
+def test_counter_over_20_digits_is_invalid_field_not_value_error(digits: int) -> None:
+    # int() refuses strings of over 4,300 digits with ValueError.
+    doc = json.loads(unabbreviate(DOC_MEDIA_INBOUND))
+    doc["sequenceNumber"] = "9" * digits
+    expect_protocol_error(streaming(), json.dumps(doc), TwilioErrorCode.INVALID_FIELD)
+
+
+def test_counter_of_20_digits_is_accepted() -> None:
+    doc = json.loads(unabbreviate(DOC_MEDIA_INBOUND))
+    doc["media"]["timestamp"] = "9" * 20
+    [event] = streaming().receive_text(json.dumps(doc))
+    assert isinstance(event, TwilioMedia)
+    assert event.timestamp == 10**20 - 1
+
+
+@pytest.mark.parametrize(
+    "text", ["\ud800", '{"event": "connected", "protocol": "\udc80", "version": "1"}']
+)
+def test_lone_surrogate_is_invalid_json_not_unicode_error(text: str) -> None:
+    # msgspec encodes the str to UTF-8 first: UnicodeEncodeError escaped.
+    expect_protocol_error(TwilioConnection(), text, TwilioErrorCode.INVALID_JSON)
+
+
+def test_error_messages_quote_at_most_64_characters() -> None:
+    conn = TwilioConnection()
+    conn.receive_text(DOC_CONNECTED)
+    text = start_with(mediaFormat={"encoding": "E" * 10_000, "sampleRate": 8000, "channels": 1})
+    with pytest.raises(TwilioProtocolError) as info:
+        conn.receive_text(text)
+    assert info.value.code is TwilioErrorCode.UNSUPPORTED_CODEC
+    assert "E" * 65 not in info.value.message
+    with pytest.raises(TwilioProtocolError) as info:
+        streaming().receive_text(media_msg(sid="S" * 10_000))
+    assert info.value.code is TwilioErrorCode.STREAM_SID_MISMATCH
+    assert "S" * 65 not in info.value.message
+
+
 # --------------------------------------------------------------------------- error codes
 
 
@@ -813,6 +949,7 @@ def test_every_error_code_is_exercised() -> None:
         "media_before_start",
         "missing_field",
         "invalid_field",
+        "invalid_id",
         "invalid_base64",
         "unsupported_codec",
         "stream_sid_mismatch",
