@@ -1,6 +1,6 @@
 """``python -m engine``: run the engine process.
 
-Usually the gateway starts it (see :mod:`engine.supervisor`); run it alone to let one
+Usually the gateway starts it (see :mod:`engine.ipc.supervisor`); run it alone to let one
 or more gateway workers attach to it through ``--socket`` (gateway: ``ENGINE_SOCKET``).
 """
 
@@ -18,8 +18,8 @@ import sys
 
 from engine.backends.base import backend_names, create_backend
 from engine.config import EngineSettings
+from engine.ipc.shm import SharedRegion, SlotArena
 from engine.server import EngineLayout, EngineServer
-from engine.shm import SharedRegion, SlotArena
 
 log = logging.getLogger("engine")
 PR_SET_PDEATHSIG = 1

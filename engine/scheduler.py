@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from engine.backends.base import Backend, BackendError, PcmChunk
-from engine.boundaries import BoundaryWriter
-from engine.ring import SpscRing
-from engine.schema import (
+from engine.ipc.boundaries import BoundaryWriter
+from engine.ipc.ring import SpscRing
+from engine.ipc.schema import (
     Cancelled,
     Message,
     StreamClosed,
@@ -46,7 +46,7 @@ from engine.schema import (
     VoicePrepareFailed,
 )
 from engine.text import SegmentSplitter
-from telephony.resample import StreamingResampler
+from telephony.codecs.resample import StreamingResampler
 
 log = logging.getLogger(__name__)
 

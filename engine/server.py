@@ -1,4 +1,4 @@
-"""The engine's control server: a Unix socket speaking :mod:`engine.schema`.
+"""The engine's control server: a Unix socket speaking :mod:`engine.ipc.schema`.
 
 One :class:`EngineServer` per engine process. Each gateway worker holds one connection;
 streams belong to the connection that opened them and are closed (their slots freed)
@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from engine.backends.base import Backend, BackendError, VoiceSettings
-from engine.scheduler import Scheduler
-from engine.schema import (
+from engine.ipc.schema import (
     PROTOCOL_VERSION,
     Cancel,
     CloseStream,
@@ -38,7 +37,8 @@ from engine.schema import (
     Welcome,
     encode,
 )
-from engine.shm import SharedRegion, SlotArena
+from engine.ipc.shm import SharedRegion, SlotArena
+from engine.scheduler import Scheduler
 from engine.vad import SileroVad, VadModel, VadWorker
 
 log = logging.getLogger(__name__)

@@ -25,9 +25,9 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from engine.ring import SpscRing
-from engine.schema import Message, SpeechEnded, SpeechStarted
-from telephony.resample import StreamingResampler
+from engine.ipc.ring import SpscRing
+from engine.ipc.schema import Message, SpeechEnded, SpeechStarted
+from telephony.codecs.resample import StreamingResampler
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from engine.supervisor import EngineSupervisor, SupervisorSettings
-from gateway import voices_api
+from engine.ipc.supervisor import EngineSupervisor, SupervisorSettings
 from gateway.admission_gate import AdmissionGate
 from gateway.auth import TokenVerifier, redact_query
 from gateway.config import GatewaySettings
@@ -20,11 +19,12 @@ from gateway.leases import LeaseSettings, TenantLeases
 from gateway.metrics import GatewayMetrics
 from gateway.pacer import Pacer
 from gateway.protocols import PROTOCOLS
-from gateway.reference_audio import MAX_UPLOAD_BYTES
 from gateway.state import STATE_KEY, GatewayState
-from gateway.upload_worker import UploadWorkers
-from gateway.voice_store import FileVoiceStore, RedisVoiceStore, VoiceStore
-from gateway.voices import VoiceRegistry
+from gateway.voices import api as voices_api
+from gateway.voices.reference_audio import MAX_UPLOAD_BYTES
+from gateway.voices.registry import VoiceRegistry
+from gateway.voices.store import FileVoiceStore, RedisVoiceStore, VoiceStore
+from gateway.voices.upload_worker import UploadWorkers
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.config import ConfigError, env_int
+from engine.ipc.env import ConfigError, env_int
 from gateway.admission import AdmissionSettings
 from gateway.auth import AuthSettings
 from gateway.session import SessionLimits

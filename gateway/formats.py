@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from telephony import g711
+from telephony.codecs import g711
 
 FRAME_MS = 20
 
@@ -24,7 +24,7 @@ _Codec = Callable[[bytes], bytes]
 def _fast_g711() -> tuple[_Codec, _Codec, _Codec, _Codec] | None:
     """The stdlib's C G.711 encoders (``audioop``: Python 3.11-3.12, or the
     ``audioop-lts`` package later), about 5x faster per 20 ms frame than the numpy
-    tables of :mod:`telephony.g711`, and bit-identical to them (tested). None if absent."""
+    tables of :mod:`telephony.codecs.g711`, and bit-identical to them (tested). None if absent."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -64,7 +64,7 @@ class _Alaw:
 
 
 def _opus_encoder(sample_rate: int) -> FrameEncoder:
-    from telephony.opus import OpusEncoder
+    from telephony.codecs.opus import OpusEncoder
 
     return OpusEncoder(sample_rate, frame_ms=FRAME_MS, application="voip")
 

@@ -21,7 +21,7 @@ from gateway.events import ErrorEvent, MarkReached, SessionEvent, UtteranceDone,
 
 
 class RingReader(Protocol):
-    """The consumer side of :class:`engine.ring.SpscRing` that playback needs."""
+    """The consumer side of :class:`engine.ipc.ring.SpscRing` that playback needs."""
 
     @property
     def read_pos(self) -> int: ...
@@ -32,7 +32,7 @@ class RingReader(Protocol):
 
 
 class BoundarySource(Protocol):
-    """Consumer side of :class:`engine.boundaries.BoundaryReader`."""
+    """Consumer side of :class:`engine.ipc.boundaries.BoundaryReader`."""
 
     def drain(self) -> list[tuple[int, int]]: ...
 
@@ -232,7 +232,7 @@ class Playback:
             return FrameStatus.IDLE if head.ended else FrameStatus.WAITING
         if ring.read_pos < head.start_pos:
             ring.discard_until(head.start_pos)  # leftovers of dropped work
-        write_pos = ring.write_pos  # before the boundaries: see engine.boundaries
+        write_pos = ring.write_pos  # before the boundaries: see engine.ipc.boundaries
         if head.end_pos is None:
             self._drain_boundaries()
         # Until its end is known, every byte written belongs to the head utterance.

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from engine.boundaries import BoundaryReader
-from engine.client import EngineClient, EngineRejected, EngineStream, EngineUnavailable
-from engine.schema import (
+from engine.ipc.boundaries import BoundaryReader
+from engine.ipc.client import EngineClient, EngineRejected, EngineStream, EngineUnavailable
+from engine.ipc.schema import (
     SpeechEnded,
     SpeechStarted,
     UtteranceAudio,

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
-from engine.client import EngineClient, EngineUnavailable
-from engine.schema import VoiceInfo
-from engine.supervisor import EngineSupervisor
+from engine.ipc.client import EngineClient, EngineUnavailable
+from engine.ipc.schema import VoiceInfo
+from engine.ipc.supervisor import EngineSupervisor
 from gateway.admission_gate import AdmissionGate
 from gateway.auth import AuthError, Principal, TokenVerifier, token_from_request
 from gateway.calls import CallRegistry
@@ -21,7 +21,7 @@ from gateway.leases import Lease, LeaseError, TenantLeases
 from gateway.metrics import GatewayMetrics
 from gateway.pacer import Pacer
 from gateway.session import Session, SessionLimits, SessionState
-from gateway.voices import VOICE_ID_PREFIX, BackendInfo, VoiceError, VoiceRegistry
+from gateway.voices.registry import VOICE_ID_PREFIX, BackendInfo, VoiceError, VoiceRegistry
 
 log = logging.getLogger(__name__)
 

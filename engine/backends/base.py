@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from engine.schema import VoiceInfo
+from engine.ipc.schema import VoiceInfo
 
 PcmChunk = npt.NDArray[np.int16]
 # Receives int16 mono PCM at the backend's native rate; returns False to stop synthesis.

@@ -36,7 +36,7 @@ from engine.backends.base import (
     VoiceSettings,
     register_backend,
 )
-from engine.schema import VoiceInfo
+from engine.ipc.schema import VoiceInfo
 from engine.voice_profile import (
     HOP_S,
     MAX_RATE_FACTOR,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.backends.base import BackendError, EmitFn, UnknownVoice, VoiceSettings, register_backend
-from engine.schema import VoiceInfo
+from engine.ipc.schema import VoiceInfo
 
 CHAR_MS = 60
 CHUNK_MS = 40

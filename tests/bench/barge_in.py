@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from telephony import g711
+from telephony.codecs import g711
 from tests.integration import caller_audio
 from tests.integration.harness import GatewayProcess, NativeClient
 

@@ -44,8 +44,8 @@ from aiohttp import WSMsgType, web
 from engine.backends.base import BackendError, PcmChunk, VoiceSettings
 from engine.backends.espeak import EspeakBackend
 from engine.text import normalize
-from telephony.g711 import ulaw_encode
-from telephony.resample import StreamingResampler
+from telephony.codecs.g711 import ulaw_encode
+from telephony.codecs.resample import StreamingResampler
 
 log = logging.getLogger("baseline")
 FRAME_BYTES = 160  # 20 ms of mu-law at 8 kHz

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.ring import SpscRing
+from engine.ipc.ring import SpscRing
 from engine.vad import CONTEXT, STATE_SIZE, WINDOW, SileroVad, VadWorker
 
 

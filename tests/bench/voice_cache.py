@@ -18,7 +18,7 @@ What it does, in order:
    engine's ``VoicePrepared.seconds``: backend ``prepare_voice`` on the engine's worker
    thread, calibration included when that call needed one); the request's wall time is
    kept too.
-3. **Lookup time**, in this process: a :class:`~gateway.voices.VoiceRegistry` built the
+3. **Lookup time**, in this process: a :class:`~gateway.voices.registry.VoiceRegistry` built the
    way :func:`gateway.app.create_app` builds it (``RedisVoiceStore`` on a
    ``redis.asyncio`` client with the same timeouts, a ``GatewayMetrics``, an engine
    supervisor of its own for the backend's name and version) against the same Redis and
@@ -72,11 +72,11 @@ import numpy.typing as npt
 import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.client import EngineClient, EngineUnavailable
-from engine.supervisor import EngineSupervisor, SupervisorSettings
+from engine.ipc.client import EngineClient, EngineUnavailable
+from engine.ipc.supervisor import EngineSupervisor, SupervisorSettings
 from gateway.metrics import GatewayMetrics
-from gateway.voice_store import RedisVoiceStore
-from gateway.voices import BackendInfo, VoiceRegistry
+from gateway.voices.registry import BackendInfo, VoiceRegistry
+from gateway.voices.store import RedisVoiceStore
 from tests.integration.caller_audio import espeak_reference, wav_bytes
 from tests.integration.harness import ROOT, GatewayProcess, NativeClient
 
@@ -569,7 +569,7 @@ async def delete_prefix(redis_url: str, prefix: str) -> int:
 
 async def delete_features(client: aioredis.Redis, prefix: str) -> int:
     """Deletes this run's features blobs (``{<prefix>:ref:<sha>}:features:...``, see
-    gateway/voice_store.py), as a backend upgrade or the TTL would."""
+    gateway/voices/store.py), as a backend upgrade or the TTL would."""
     pattern = f"{{{prefix}:ref:*}}:features:*"
     keys = [
         k

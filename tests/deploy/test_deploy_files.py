@@ -35,7 +35,7 @@ from yarl import URL
 
 from engine.backends.base import backend_names
 from gateway.protocols import PROTOCOLS
-from gateway.reference_audio import MAX_UPLOAD_BYTES
+from gateway.voices.reference_audio import MAX_UPLOAD_BYTES
 from tests.integration.harness import GatewayProcess, NativeClient, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,10 +14,9 @@ import pytest
 from engine.backends.base import Backend, BackendError, EmitFn, PcmChunk, VoiceSettings
 from engine.backends.espeak import EspeakBackend
 from engine.backends.synthetic import CHAR_MS, SyntheticBackend
-from engine.boundaries import RECORD, BoundaryReader
-from engine.ring import SpscRing
-from engine.scheduler import Scheduler
-from engine.schema import (
+from engine.ipc.boundaries import RECORD, BoundaryReader
+from engine.ipc.ring import SpscRing
+from engine.ipc.schema import (
     Cancelled,
     Message,
     StreamClosed,
@@ -26,7 +25,8 @@ from engine.schema import (
     UtteranceFailed,
     VoiceInfo,
 )
-from engine.shm import BOUNDARY_CAPACITY
+from engine.ipc.shm import BOUNDARY_CAPACITY
+from engine.scheduler import Scheduler
 from engine.text import SegmentSplitter
 
 NATIVE_RATE = SyntheticBackend.native_sample_rate
@@ -453,7 +453,7 @@ def test_back_pressure_across_utterances(harness):
     deadline = time.monotonic() + WAIT_S
     last: UtteranceEnd | None = None
     while time.monotonic() < deadline:
-        # Consumer rule (engine.boundaries): load write_pos first, then the records.
+        # Consumer rule (engine.ipc.boundaries): load write_pos first, then the records.
         write_pos = ring.write_pos
         records += harness.records(0)
         snapshots.append((write_pos, len(records)))

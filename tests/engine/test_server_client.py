@@ -18,9 +18,9 @@ import pytest
 
 from engine.backends.base import PcmChunk, VoiceSettings
 from engine.backends.synthetic import CHAR_MS, SyntheticBackend
-from engine.boundaries import BoundaryReader
-from engine.client import EngineClient, EngineRejected, EngineStream, EngineUnavailable
-from engine.schema import (
+from engine.ipc.boundaries import BoundaryReader
+from engine.ipc.client import EngineClient, EngineRejected, EngineStream, EngineUnavailable
+from engine.ipc.schema import (
     PROTOCOL_VERSION,
     FrameDecoder,
     Hello,
@@ -39,8 +39,8 @@ from engine.schema import (
     Welcome,
     encode,
 )
+from engine.ipc.shm import BOUNDARY_CAPACITY, SharedRegion, SlotArena
 from engine.server import EngineLayout, EngineServer
-from engine.shm import BOUNDARY_CAPACITY, SharedRegion, SlotArena
 from engine.text import SegmentSplitter
 
 OUT_RING = 256 * 1024

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.ring import SpscRing
-from engine.schema import Message, SpeechEnded, SpeechStarted
+from engine.ipc.ring import SpscRing
+from engine.ipc.schema import Message, SpeechEnded, SpeechStarted
 from engine.vad import CONTEXT, WINDOW, SileroVad, SpeechDetector, VadWorker
 from tests.integration import caller_audio
 

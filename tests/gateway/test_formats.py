@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gateway.formats import FORMATS, FRAME_MS, INPUT_FORMATS, AudioFormat, get_format
-from telephony import opus
+from telephony.codecs import opus
 
 BRIEF_FORMATS = {
     "mulaw_8000": ("mulaw", 8000),
@@ -109,7 +109,7 @@ def test_opus_encoder_returns_one_packet_per_frame(name: str):
 
 @needs_opus
 def test_opus_packet_decodes_to_one_frame():
-    from telephony.opus import OpusDecoder
+    from telephony.codecs.opus import OpusDecoder
 
     fmt = FORMATS["opus_48000"]
     packet = fmt.encoder().encode(sine_frame(fmt))
@@ -171,8 +171,8 @@ def test_decode_input_refuses_opus(name: str):
 
 
 def test_frame_encoders_are_bit_identical_to_the_g711_tables():
-    """The hot path may use the C encoders (audioop); they must match telephony.g711."""
-    from telephony import g711
+    """The hot path may use the C encoders (audioop); they must match telephony.codecs.g711."""
+    from telephony.codecs import g711
 
     rng = np.random.default_rng(3)
     for _ in range(50):

@@ -1,4 +1,4 @@
-"""Tests for gateway.playback.Playback over a real engine.ring.SpscRing."""
+"""Tests for gateway.playback.Playback over a real engine.ipc.ring.SpscRing."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.boundaries import BoundaryReader, BoundaryWriter
-from engine.ring import SpscRing
+from engine.ipc.boundaries import BoundaryReader, BoundaryWriter
+from engine.ipc.ring import SpscRing
 from gateway.events import ErrorEvent, MarkReached, SessionEvent, UtteranceDone, UtteranceStarted
 from gateway.playback import FrameResult, FrameStatus, Playback
 

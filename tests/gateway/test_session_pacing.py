@@ -14,9 +14,9 @@ from typing import Any, cast
 
 import pytest
 
-from engine.client import EngineClient, EngineRejected, EngineUnavailable
-from engine.ring import SpscRing
-from engine.schema import UtteranceAudio, UtteranceEnd, UtteranceFailed
+from engine.ipc.client import EngineClient, EngineRejected, EngineUnavailable
+from engine.ipc.ring import SpscRing
+from engine.ipc.schema import UtteranceAudio, UtteranceEnd, UtteranceFailed
 from gateway.errors import CloseCode, SessionError
 from gateway.events import (
     Cleared,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from telephony.resample import StreamingResampler
+from telephony.codecs.resample import StreamingResampler
 
 RATE = 8000
 

@@ -40,7 +40,7 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from telephony import g711
+from telephony.codecs import g711
 from tests.integration.conftest import Connect
 from tests.integration.harness import GatewayProcess, NativeClient
 

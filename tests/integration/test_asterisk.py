@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from telephony import g711
+from telephony.codecs import g711
 from tests.integration import caller_audio
 from tests.integration.conftest import Connect
 from tests.integration.harness import GatewayProcess

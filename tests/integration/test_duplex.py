@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from telephony import g711
+from telephony.codecs import g711
 from tests.integration import caller_audio
 from tests.integration.conftest import Connect
 from tests.integration.harness import NativeClient

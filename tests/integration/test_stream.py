@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from telephony import g711
-from telephony.ogg_opus import OggOpusWriter
-from telephony.opus import OpusDecoder
+from telephony.codecs import g711
+from telephony.codecs.opus import OpusDecoder
 from tests.integration.conftest import Connect
 from tests.integration.harness import GatewayProcess, NativeClient
+from tests.telephony.ogg_opus import OggOpusWriter
 
 PROMPT = "Thank you for calling. Your call is important to us."
 FRAME_BYTES = {

@@ -14,7 +14,7 @@ import numpy.typing as npt
 import pytest
 
 from gateway.auth import mint_token
-from telephony import g711
+from telephony.codecs import g711
 from tests.integration import caller_audio
 from tests.integration.conftest import Connect
 from tests.integration.harness import GatewayProcess

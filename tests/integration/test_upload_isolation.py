@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 import soundfile as sf  # type: ignore[import-untyped]
 
-from gateway.reference_audio import MAX_UPLOAD_BYTES
+from gateway.voices.reference_audio import MAX_UPLOAD_BYTES
 from tests.integration.harness import GatewayProcess, NativeClient
 
 UPLOADS = 30

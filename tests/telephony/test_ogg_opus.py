@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from telephony import opus
-from telephony.ogg_opus import OggOpusWriter, ogg_crc32
-from telephony.opus import OpusEncoder
+from telephony.codecs import opus
+from telephony.codecs.opus import OpusEncoder
+from tests.telephony.ogg_opus import OggOpusWriter, ogg_crc32
 
 
 def reference_crc(data: bytes) -> int:

@@ -1,4 +1,4 @@
-"""Tests for engine.schema: message encoding and the length-prefixed FrameDecoder."""
+"""Tests for engine.ipc.schema: message encoding and the length-prefixed FrameDecoder."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.schema import (
+from engine.ipc.schema import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     Cancel,

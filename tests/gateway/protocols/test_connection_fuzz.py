@@ -29,7 +29,7 @@ from aiohttp import WSMessage, WSMsgType
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.ring import SpscRing
+from engine.ipc.ring import SpscRing
 from gateway.admission_gate import AdmissionGate
 from gateway.auth import AuthSettings, TokenVerifier, mint_token
 from gateway.config import GatewaySettings
@@ -43,8 +43,8 @@ from gateway.protocols.native import NativeConnection
 from gateway.protocols.twilio import TwilioLeg
 from gateway.session import Session, SessionState
 from gateway.state import GatewayState
-from gateway.voice_store import FileVoiceStore
-from gateway.voices import VoiceRegistry
+from gateway.voices.registry import VoiceRegistry
+from gateway.voices.store import FileVoiceStore
 from gateway.wsframe import FrameWriter
 
 SECRET = "connection-fuzz-secret-0123456789abcdefghij"

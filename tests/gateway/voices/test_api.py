@@ -21,20 +21,20 @@ import soundfile as sf  # type: ignore[import-untyped]
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from engine.supervisor import EngineSupervisor, SupervisorSettings
-from gateway import voices_api
+from engine.ipc.supervisor import EngineSupervisor, SupervisorSettings
 from gateway.admission_gate import AdmissionGate
 from gateway.auth import AuthSettings, TokenVerifier, mint_token
 from gateway.config import GatewaySettings
 from gateway.leases import LeaseSettings, TenantLeases
 from gateway.metrics import GatewayMetrics
 from gateway.pacer import Pacer
-from gateway.reference_audio import MAX_UPLOAD_BYTES, ReferenceAudio, ReferenceAudioError
 from gateway.state import STATE_KEY, GatewayState
-from gateway.upload_worker import UploadWorkerError, UploadWorkers
-from gateway.voice_store import FileVoiceStore
-from gateway.voices import BackendInfo, VoiceRegistry, is_voice_id
-from tests.gateway.test_reference_audio import encode, padded_speech
+from gateway.voices import api as voices_api
+from gateway.voices.reference_audio import MAX_UPLOAD_BYTES, ReferenceAudio, ReferenceAudioError
+from gateway.voices.registry import BackendInfo, VoiceRegistry, is_voice_id
+from gateway.voices.store import FileVoiceStore
+from gateway.voices.upload_worker import UploadWorkerError, UploadWorkers
+from tests.gateway.voices.test_reference_audio import encode, padded_speech
 
 SECRET = "voices-api-test-secret-0123456789-abcdefgh"
 BACKEND = BackendInfo(name="test", version="1", cloning=True, voices={"en-us": "en-US"})

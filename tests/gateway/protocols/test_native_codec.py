@@ -19,7 +19,7 @@ from gateway.events import (
     UtteranceStarted,
 )
 from gateway.formats import FORMATS
-from gateway.protocols.native import (
+from gateway.protocols.native_codec import (
     ClearMsg,
     CloseMsg,
     FlushMsg,

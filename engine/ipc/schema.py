@@ -1,7 +1,7 @@
 """Typed control messages between the gateway and the engine.
 
 This module is the whole control-channel contract. Audio never travels here: it goes
-through the shared-memory rings of :mod:`engine.shm`. Every message is a msgspec
+through the shared-memory rings of :mod:`engine.ipc.shm`. Every message is a msgspec
 ``Struct`` with a tag; the channel carries one MessagePack-encoded message per frame,
 each frame prefixed by its length as a 4-byte big-endian unsigned integer (see
 :class:`FrameDecoder`).
@@ -19,7 +19,7 @@ Conversation (gateway = client, engine = server)::
 
 Stream ids are chosen by the gateway and unique per connection. Utterance sequence
 numbers are chosen by the gateway and increase per stream. Ring positions are the
-monotonic byte positions of :class:`engine.ring.SpscRing`.
+monotonic byte positions of :class:`engine.ipc.ring.SpscRing`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The voice registry: reference audio in, reusable voice out, features cached twice.
 
-Registration: the upload is decoded and normalized (:mod:`gateway.reference_audio`, by
-the caller, in a worker process: :mod:`gateway.upload_worker`), the engine extracts the
+Registration: the upload is decoded and normalized (:mod:`gateway.voices.reference_audio`, by
+the caller, in a worker process: :mod:`gateway.voices.upload_worker`), the engine extracts the
 backend's features (``PrepareVoice``), and the record, the normalized audio and the
-features are stored (:mod:`gateway.voice_store`).
+features are stored (:mod:`gateway.voices.store`).
 
 Features are looked up in L1 (an in-process LRU, ``GATEWAY_VOICE_CACHE_SIZE`` entries),
 then L2 (the shared store: Redis, or a local directory), and only then extracted. The
@@ -32,10 +32,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from engine.client import EngineClient, EngineRejected, EngineUnavailable
+from engine.ipc.client import EngineClient, EngineRejected, EngineUnavailable
 from gateway.metrics import GatewayMetrics
-from gateway.reference_audio import ReferenceAudio
-from gateway.voice_store import StorageUnavailable, VoiceRecord, VoiceStore
+from gateway.voices.reference_audio import ReferenceAudio
+from gateway.voices.store import StorageUnavailable, VoiceRecord, VoiceStore
 
 log = logging.getLogger(__name__)
 VOICE_ID_PREFIX = "vc_"
@@ -253,9 +253,9 @@ class VoiceRegistry:
 
         ``reference`` is awaited once, after the cheap checks (backend, language, name)
         passed; decoding the upload is its business (the gateway runs it in a worker
-        process, :class:`gateway.upload_worker.UploadWorkers`). Raises
+        process, :class:`gateway.voices.upload_worker.UploadWorkers`). Raises
         :class:`VoiceError` (400/503), or whatever ``reference`` raises (such as
-        :class:`gateway.reference_audio.ReferenceAudioError`). Nothing is stored on
+        :class:`gateway.voices.reference_audio.ReferenceAudioError`). Nothing is stored on
         failure."""
         info = self._backend()
         if info is None:

@@ -2,7 +2,7 @@
 
 The ring lives inside a writable, C-contiguous buffer supplied by the caller -- in
 production a ``memoryview`` over an ``mmap`` of a shared-memory file (see
-:mod:`engine.shm`) that the gateway process and the TTS engine process both map.
+:mod:`engine.ipc.shm`) that the gateway process and the TTS engine process both map.
 Exactly one process (or thread) is the *producer* and exactly one is the *consumer*
 of a given ring at any time.
 
@@ -12,7 +12,7 @@ All integers are native-endian, which is little-endian on the supported targets
 (x86-64, aarch64). The region starts at offset 0 of the buffer given to
 :class:`SpscRing` and must be at least 8-byte aligned (64-byte alignment is
 recommended so the two position fields sit on separate cache lines; the
-:class:`engine.shm.SlotArena` guarantees it)::
+:class:`engine.ipc.shm.SlotArena` guarantees it)::
 
     offset  size      field
     ------  --------  ----------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from telephony.resample import Quality, StreamingResampler
+from telephony.codecs.resample import Quality, StreamingResampler
 
 RATE_PAIRS = [
     (22050, 8000),

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from gateway.metrics import GatewayMetrics
-from gateway.voice_store import FileVoiceStore, StorageUnavailable, VoiceRecord
-from gateway.voices import RECORD_TTL_S, VoiceRegistry
+from gateway.voices.registry import RECORD_TTL_S, VoiceRegistry
+from gateway.voices.store import FileVoiceStore, StorageUnavailable, VoiceRecord
 
 RECORD = VoiceRecord(
     id="vc_7e57000000000001",
@@ -113,7 +113,7 @@ async def test_redis_store_erases_a_reference_with_its_last_voice() -> None:
 
     import redis.asyncio as aioredis
 
-    from gateway.voice_store import RedisVoiceStore
+    from gateway.voices.store import RedisVoiceStore
 
     client = aioredis.from_url("redis://127.0.0.1:6379/0", socket_timeout=2.0)
     prefix = "test-" + secrets.token_hex(4)

@@ -1,6 +1,6 @@
 """Decoding uploaded reference audio in worker processes, never in the gateway's own.
 
-:func:`gateway.reference_audio.process_reference` is CPU-bound (numpy, libsndfile,
+:func:`gateway.voices.reference_audio.process_reference` is CPU-bound (numpy, libsndfile,
 libsoxr) and holds the GIL for much of its work: run in a thread of the gateway it
 starves the event loop that paces every call's audio. :class:`UploadWorkers` runs it in a
 :class:`~concurrent.futures.ProcessPoolExecutor` instead:
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TypeVar
 
-from gateway.reference_audio import (
+from gateway.voices.reference_audio import (
     MAX_UPLOAD_BYTES,
     ReferenceAudio,
     ReferenceAudioError,

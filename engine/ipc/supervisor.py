@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.client import EngineClient, EngineUnavailable
-from engine.config import EngineSettings
+from engine.ipc.client import EngineClient, EngineUnavailable
+from engine.ipc.env import shm_directory
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +85,7 @@ class EngineSupervisor:
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._spawn = settings.socket_path is None
-        self._shm_dir = EngineSettings.from_env(
-            os.environ if settings.env is None else settings.env
-        ).shm_directory
+        self._shm_dir = shm_directory(os.environ if settings.env is None else settings.env)
         self._shm_path: str | None = None  # the spawned engine's segment, until removed
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
         if self._spawn:

@@ -1,4 +1,4 @@
-"""Tests for engine.ring.SpscRing: semantics, wrap-around, misuse, cross-process."""
+"""Tests for engine.ipc.ring.SpscRing: semantics, wrap-around, misuse, cross-process."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.ring import HEADER_SIZE, MAX_CAPACITY, RingError, SpscRing
-from engine.shm import SharedRegion
+from engine.ipc.ring import HEADER_SIZE, MAX_CAPACITY, RingError, SpscRing
+from engine.ipc.shm import SharedRegion
 
 # --------------------------------------------------------------------------- helpers
 

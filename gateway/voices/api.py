@@ -8,7 +8,7 @@ Uploads (:func:`register_voice`) never decode audio in this process and never ho
 upload in memory: at most ``settings.max_uploads`` at a time per gateway worker (429
 beyond, before the body is read), the body bounded (:data:`MAX_BODY_BYTES`) and timed
 (``settings.upload_timeout_s``), the ``audio`` part streamed to a temporary file that a
-worker process decodes (:mod:`gateway.upload_worker`). Every refusal is a JSON error
+worker process decodes (:mod:`gateway.voices.upload_worker`). Every refusal is a JSON error
 with a code; nothing else (no stack trace) reaches the client.
 """
 
@@ -27,13 +27,13 @@ from typing import Any, Final, cast
 from aiohttp import BodyPartReader, HttpVersion11, MultipartReader, StreamReader, hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from engine.schema import VoiceInfo
+from engine.ipc.schema import VoiceInfo
 from gateway.auth import AuthError, Principal
-from gateway.reference_audio import MAX_UPLOAD_BYTES, ReferenceAudioError
 from gateway.state import STATE_KEY, GatewayState
-from gateway.upload_worker import UploadWorkerError, UploadWorkers
-from gateway.voice_store import VoiceRecord
-from gateway.voices import VoiceError
+from gateway.voices.reference_audio import MAX_UPLOAD_BYTES, ReferenceAudioError
+from gateway.voices.registry import VoiceError
+from gateway.voices.store import VoiceRecord
+from gateway.voices.upload_worker import UploadWorkerError, UploadWorkers
 
 log = logging.getLogger(__name__)
 READ_SCOPE = "tts:stream"
@@ -356,7 +356,7 @@ async def register_voice(request: web.Request) -> web.Response:
     ``Retry-After``). The body must arrive within ``settings.upload_timeout_s`` (else 408
     ``upload_timeout``) and is at most :data:`MAX_BODY_BYTES` (413); the ``audio`` part
     is streamed to a temporary file, removed when the answer is ready, and decoded in a
-    worker process (:class:`gateway.upload_worker.UploadWorkers`), never in this one.
+    worker process (:class:`gateway.voices.upload_worker.UploadWorkers`), never in this one.
     A refused body that is still coming is read and dropped by aiohttp (its lingering
     time), so that the client sees the answer rather than a reset connection.
     """

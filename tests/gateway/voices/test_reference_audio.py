@@ -1,4 +1,4 @@
-"""Tests for gateway.reference_audio: decode, check and normalize voice reference uploads.
+"""Tests for gateway.voices.reference_audio: decode, check and normalize voice reference uploads.
 
 Every fixture is generated here, in memory: a speech-like synthetic signal (a harmonic
 tone on a gliding pitch, shaped by a syllable-rate envelope), real speech from espeak-ng
@@ -21,7 +21,7 @@ import numpy.typing as npt
 import pytest
 import soundfile as sf  # type: ignore[import-untyped]
 
-from gateway.reference_audio import (
+from gateway.voices.reference_audio import (
     CLIP_RUN_MAX_MS,
     MAX_DECODE_S,
     MAX_DURATION_S,

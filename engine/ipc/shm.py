@@ -6,11 +6,11 @@ to and unlinks it when that process exits, destroying segments owned by the othe
 process. Here only the creator ever unlinks, and only when asked.
 
 :class:`SlotArena` carves one region into a fixed pool of per-call slots. Each slot
-owns three :class:`engine.ring.SpscRing` regions:
+owns three :class:`engine.ipc.ring.SpscRing` regions:
 
 * *outbound* (engine -> gateway synthesized PCM), ``out_capacity`` data bytes;
 * *inbound* (gateway -> engine caller audio), ``in_capacity`` data bytes;
-* *boundaries* (engine -> gateway utterance ends, see :mod:`engine.boundaries`),
+* *boundaries* (engine -> gateway utterance ends, see :mod:`engine.ipc.boundaries`),
   ``BOUNDARY_CAPACITY`` data bytes.
 
 Arena layout (a cross-process contract; both processes must use identical
@@ -44,7 +44,7 @@ from typing import Final, Self
 
 import numpy as np
 
-from engine.ring import HEADER_SIZE, RingError, SpscRing
+from engine.ipc.ring import HEADER_SIZE, RingError, SpscRing
 
 __all__ = [
     "BOUNDARY_CAPACITY",

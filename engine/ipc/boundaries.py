@@ -4,7 +4,7 @@ The engine writes utterance after utterance into one outbound ring. The gateway 
 know where one ends before it reads bytes of the next, and a control message cannot
 guarantee that: the ring is visible at once, the socket is not. So before the engine
 writes the first byte of a later utterance, it appends a record to the slot's
-*boundaries* ring (see :class:`engine.shm.SlotArena`)::
+*boundaries* ring (see :class:`engine.ipc.shm.SlotArena`)::
 
     record = u64 utterance seq, u64 end position in the outbound ring   (little-endian)
 
@@ -12,7 +12,7 @@ Reading rule (consumer): load the outbound ring's ``write_pos`` first, then
 :meth:`BoundaryReader.drain`. Every byte up to that ``write_pos`` that belongs to a
 later utterance was written after its predecessor's record, so the record is visible
 (stores are not reordered with stores, nor loads with loads, on x86-64; see
-:mod:`engine.ring` for other architectures).
+:mod:`engine.ipc.ring` for other architectures).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from engine.ring import SpscRing
+from engine.ipc.ring import SpscRing
 
 RECORD: Final = struct.Struct("<QQ")
 

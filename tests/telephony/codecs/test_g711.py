@@ -10,7 +10,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from telephony import g711
+from telephony.codecs import g711
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)

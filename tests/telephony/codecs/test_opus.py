@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from telephony import opus
-from telephony.opus import OpusDecoder, OpusEncoder, OpusUnavailable
+from telephony.codecs import opus
+from telephony.codecs.opus import OpusDecoder, OpusEncoder, OpusUnavailable
 
 pytestmark = pytest.mark.skipif(not opus.opus_available(), reason="libopus not loadable")
 

@@ -1,6 +1,6 @@
 """The gateway's side of the engine IPC: one control connection, many streams.
 
-:class:`EngineClient` speaks :mod:`engine.schema` over the engine's Unix socket and maps
+:class:`EngineClient` speaks :mod:`engine.ipc.schema` over the engine's Unix socket and maps
 its shared-memory slot arena. :class:`EngineStream` is one session's slot: the outbound
 ring it reads synthesized PCM from, the inbound ring it writes caller audio to, and the
 control calls (speak, cancel, close). Engine events for a stream go to its
@@ -16,8 +16,8 @@ import logging
 import os
 from typing import Any, Protocol, cast
 
-from engine.ring import SpscRing
-from engine.schema import (
+from engine.ipc.ring import SpscRing
+from engine.ipc.schema import (
     PROTOCOL_VERSION,
     Cancel,
     Cancelled,
@@ -45,7 +45,7 @@ from engine.schema import (
     Welcome,
     encode,
 )
-from engine.shm import SharedRegion, SlotArena
+from engine.ipc.shm import SharedRegion, SlotArena
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Tests for engine.shm: SharedRegion lifecycle and SlotArena geometry/isolation."""
+"""Tests for engine.ipc.shm: SharedRegion lifecycle and SlotArena geometry/isolation."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.ring import HEADER_SIZE, RingError, SpscRing
-from engine.shm import (
+from engine.ipc.ring import HEADER_SIZE, RingError, SpscRing
+from engine.ipc.shm import (
     BOUNDARY_CAPACITY,
     DEFAULT_SHM_DIR,
     RING_ALIGNMENT,

@@ -1,0 +1,4 @@
+"""Audio codecs, independent of any vendor protocol: G.711 (:mod:`.g711`), Opus
+(:mod:`.opus`) and streaming resampling (:mod:`.resample`). The gateway encodes frames
+with them, the engine resamples with them; the vendor protocol cores beside this package
+(``telephony/twilio.py``, ``telephony/asterisk.py``) carry their bytes."""
