@@ -1,6 +1,6 @@
 """``python -m engine``: run the engine process.
 
-Usually the gateway starts it (see :mod:`engine.ipc.supervisor`); run it alone to let one
+Usually the gateway starts it (see :mod:`gateway.engine_supervisor`); run it alone to let one
 or more gateway workers attach to it through ``--socket`` (gateway: ``ENGINE_SOCKET``).
 """
 

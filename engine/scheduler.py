@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from engine.backends.base import Backend, BackendError, PcmChunk
+from engine.backends.base import Backend, BackendError, PcmChunk, VoicePreparer
 from engine.ipc.boundaries import BoundaryWriter
 from engine.ipc.ring import SpscRing
 from engine.ipc.schema import (
@@ -272,17 +272,16 @@ class Scheduler:
         self.stats.active_streams = len(self._streams)
 
     def _prepare(self, command: _Prepare) -> None:
-        prepare = getattr(self._backend, "prepare_voice", None)
-        version = str(getattr(self._backend, "version", ""))
+        backend = self._backend
+        version = backend.version
         started = time.perf_counter()
         message: Message
         try:
-            if not callable(prepare):
+            if not isinstance(backend, VoicePreparer):
                 raise BackendError(
-                    "voice_cloning_unsupported",
-                    f"backend {self._backend.name} has no custom voices",
+                    "voice_cloning_unsupported", f"backend {backend.name} has no custom voices"
                 )
-            features = prepare(command.pcm16k, command.language)
+            features = backend.prepare_voice(command.pcm16k, command.language)
             message = VoicePrepared(
                 request_id=command.request_id,
                 features=features,

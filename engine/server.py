@@ -16,7 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from engine.backends.base import Backend, BackendError, VoiceSettings
+from engine.backends.base import (
+    Backend,
+    BackendError,
+    GpuMemoryReporter,
+    VoicePreparer,
+    VoiceSettings,
+)
 from engine.ipc.schema import (
     PROTOCOL_VERSION,
     Cancel,
@@ -308,9 +314,8 @@ class EngineServer:
         """Engine memory for admission: device memory when the backend is on a GPU,
         else this process's resident memory against the configured budget."""
         rss = resident_memory_bytes()
-        gpu = getattr(self.backend, "gpu_memory", None)
-        if callable(gpu):
-            used, total = gpu()
+        if isinstance(self.backend, GpuMemoryReporter):
+            used, total = self.backend.gpu_memory()
             return MemoryUse(rss, used, total, used, total)
         return MemoryUse(rss, 0, 0, rss, self.memory_budget_bytes)
 
@@ -328,8 +333,8 @@ class EngineServer:
             max_text_chars=self.backend.max_text_chars,
             voices=tuple(self.backend.voices()),
             vad=self.vad.load_error is None,
-            backend_version=str(getattr(self.backend, "version", "")),
-            voice_cloning=callable(getattr(self.backend, "prepare_voice", None)),
+            backend_version=self.backend.version,
+            voice_cloning=isinstance(self.backend, VoicePreparer),
         )
 
     async def start(self, socket_path: str) -> None:

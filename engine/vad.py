@@ -7,7 +7,7 @@ package, run with torch) **once for all streams**: the windows are stacked into 
 and each stream's recurrent state is gathered from and scattered back to one state
 tensor indexed by slot. Each stream's probabilities go through a :class:`SpeechDetector`
 (hysteresis plus a minimum speech duration, against clicks and noise), whose onsets and
-ends become ``SpeechStarted``/``SpeechEnded`` events for the gateway.
+ends re-arm the detector; starts become ``SpeechStarted`` events for the gateway.
 
 The model is loaded lazily, in the worker thread, the first time a duplex stream opens.
 """
@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.ipc.ring import SpscRing
-from engine.ipc.schema import Message, SpeechEnded, SpeechStarted
+from engine.ipc.schema import Message, SpeechStarted
 from telephony.codecs.resample import StreamingResampler
 
 log = logging.getLogger(__name__)
@@ -313,11 +313,7 @@ class VadWorker:
             if change is None:
                 continue
             at_ms = round(stream.audio_windows * WINDOW_S * 1000)
-            if change == "start":
+            if change == "start":  # the end only re-arms the detector: nobody needs it
                 self._on_event(
                     stream.owner, SpeechStarted(stream_id=stream.stream_id, audio_ms=at_ms)
-                )
-            else:
-                self._on_event(
-                    stream.owner, SpeechEnded(stream_id=stream.stream_id, audio_ms=at_ms)
                 )

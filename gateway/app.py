@@ -11,10 +11,11 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from engine.ipc.supervisor import EngineSupervisor, SupervisorSettings
 from gateway.admission_gate import AdmissionGate
 from gateway.auth import TokenVerifier, redact_query
 from gateway.config import GatewaySettings
+from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
+from gateway.errors import ErrorCode
 from gateway.leases import LeaseSettings, TenantLeases
 from gateway.metrics import GatewayMetrics
 from gateway.pacer import Pacer
@@ -82,7 +83,7 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 async def index(request: web.Request) -> web.StreamResponse:
     page = request.app[STATE_KEY].settings.web_demo_dir / "index.html"
     if not page.is_file():
-        return _error(404, "not_found", "the demo page is not installed")
+        return _error(404, ErrorCode.NOT_FOUND, "the demo page is not installed")
     return web.FileResponse(page, headers={"Cache-Control": "no-cache"})
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.errors import ErrorCode, VendorCode
+
 
 @dataclass(frozen=True, slots=True)
 class Ready:
@@ -49,7 +51,7 @@ class BargeIn:
 
 @dataclass(frozen=True, slots=True)
 class ErrorEvent:
-    code: str
+    code: ErrorCode | VendorCode
     message: str
     utterance_id: str | None = None
     retry_after_ms: int | None = None

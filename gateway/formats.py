@@ -123,7 +123,3 @@ FORMATS: dict[str, AudioFormat] = {
     )
 }
 INPUT_FORMATS = frozenset(name for name, f in FORMATS.items() if f.codec != "opus")
-
-
-def get_format(name: str) -> AudioFormat | None:
-    return FORMATS.get(name)

@@ -21,10 +21,11 @@ from typing import cast
 
 from aiohttp import web
 
+from gateway.errors import ErrorCode
 from gateway.metrics import GatewayMetrics
 
 _BODY = json.dumps(
-    {"error": {"code": "too_many_connections", "message": "this worker is at its limit"}}
+    {"error": {"code": ErrorCode.TOO_MANY_CONNECTIONS, "message": "this worker is at its limit"}}
 ).encode()
 REFUSAL = (
     b"HTTP/1.1 503 Service Unavailable\r\n"

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gateway.errors import ErrorCode
 from gateway.events import ErrorEvent, MarkReached, SessionEvent, UtteranceDone, UtteranceStarted
 
 
@@ -148,7 +149,9 @@ class Playback:
         item = self._by_seq.get(seq)
         if item is None:
             return
-        item.error = ErrorEvent(code=code, message=message, utterance_id=item.utterance_id)
+        item.error = ErrorEvent(
+            code=ErrorCode.from_engine(code), message=message, utterance_id=item.utterance_id
+        )
         if start_pos is not None and end_pos is not None:
             item.start_pos = item.start_pos if item.start_pos is not None else start_pos
             item.end_pos = end_pos

@@ -28,14 +28,13 @@ from typing import Literal, Protocol
 from engine.ipc.boundaries import BoundaryReader
 from engine.ipc.client import EngineClient, EngineRejected, EngineStream, EngineUnavailable
 from engine.ipc.schema import (
-    SpeechEnded,
     SpeechStarted,
     UtteranceAudio,
     UtteranceEnd,
     UtteranceFailed,
 )
 from gateway.admission_gate import AdmissionGate, QueueFull, UtteranceAdmission
-from gateway.errors import CloseCode, SessionError
+from gateway.errors import CloseCode, ErrorCode, IllegalTransition, ProtocolViolation, SessionError
 from gateway.events import BargeIn, Cleared, ErrorEvent, Ready, SessionEvent
 from gateway.formats import AudioFormat, FrameEncoder
 from gateway.metrics import GatewayMetrics
@@ -63,19 +62,16 @@ _TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
 }
 
 
-class IllegalTransition(RuntimeError):
-    """A bug: the session was driven into a state it cannot reach from where it is."""
-
-
 class Peer(Protocol):
-    """What a wire protocol gives the session to talk to its peer. Never blocks.
-
-    A peer may also define ``on_interrupt()``: called on clear and barge-in before the
-    session drops its queue (telephony legs flush the vendor's buffer there)."""
+    """What a wire protocol gives the session to talk to its peer. Never blocks."""
 
     def send_audio(self, frame: bytes) -> None: ...
     def send_event(self, event: SessionEvent) -> None: ...
     def backlogged(self) -> bool: ...
+
+    def on_interrupt(self) -> None:
+        """Clear or barge-in, before the session drops its queue (telephony legs flush
+        the vendor's buffer here)."""
 
 
 class SessionLeases(Protocol):
@@ -210,7 +206,7 @@ class Session:
     async def start(self, options: StartOptions) -> None:
         """Open the engine stream and answer ``ready``; raises :class:`SessionError`."""
         if self.state is not SessionState.AWAITING_START:
-            raise SessionError("already_started", "start was already received")
+            raise ProtocolViolation(ErrorCode.ALREADY_STARTED, "start was already received")
         self._transition(
             SessionState.STARTING, f"voice={options.voice} format={options.format.name}"
         )
@@ -237,21 +233,23 @@ class Session:
             self._transition(SessionState.CLOSED, exc.code)
             await self._release_lease()
             self._metrics.rejections.labels(reason=exc.code).inc()
-            if exc.code == "overloaded":
+            if exc.code == ErrorCode.OVERLOADED:
                 self._metrics.golden_errors.labels(type="overloaded").inc()
                 raise SessionError(
-                    "overloaded",
+                    ErrorCode.OVERLOADED,
                     exc.message,
                     CloseCode.TRY_AGAIN_LATER,
                     retry_after_ms=self._limits.retry_after_ms,
                 ) from None
-            raise SessionError(exc.code, exc.message, CloseCode.POLICY) from None
+            raise SessionError(
+                ErrorCode.from_engine(exc.code), exc.message, CloseCode.POLICY
+            ) from None
         except EngineUnavailable:
             self._transition(SessionState.CLOSED, "engine unavailable")
             await self._release_lease()
             self._metrics.rejections.labels(reason="engine_unavailable").inc()
             raise SessionError(
-                "engine_unavailable",
+                ErrorCode.ENGINE_UNAVAILABLE,
                 "the TTS engine is not available",
                 CloseCode.TRY_AGAIN_LATER,
                 retry_after_ms=self._limits.retry_after_ms,
@@ -276,9 +274,9 @@ class Session:
 
     def _require_active(self) -> tuple[EngineStream, Playback]:
         if self.state is SessionState.DRAINING:
-            raise SessionError("closing", "the session is closing")
+            raise SessionError(ErrorCode.CLOSING, "the session is closing")
         if self.state is not SessionState.ACTIVE or self.stream is None or self.playback is None:
-            raise SessionError("not_started", "send start first", CloseCode.POLICY)
+            raise ProtocolViolation(ErrorCode.NOT_STARTED, "send start first", CloseCode.POLICY)
         return self.stream, self.playback
 
     def speak(self, text: str, utterance_id: str | None = None, *, flush: bool = True) -> str:
@@ -295,12 +293,14 @@ class Session:
             if current is not None:  # a new utterance implicitly ends the open one
                 self._finalize_open()
             if playback.full:
-                raise SessionError("queue_full", "too many queued utterances", None, utterance_id)
+                raise SessionError(
+                    ErrorCode.QUEUE_FULL, "too many queued utterances", None, utterance_id
+                )
             if utterance_id is None:
                 utterance_id = f"u{next(self._auto_ids)}"
             elif utterance_id in playback.pending_utterance_ids():  # bounded by the queue
                 raise SessionError(
-                    "invalid_message", "utterance_id is already queued", None, utterance_id
+                    ErrorCode.INVALID_MESSAGE, "utterance_id is already queued", None, utterance_id
                 )
             target = _OpenUtterance(next(self._seq), utterance_id, 0)
             self._admit(target.seq, utterance_id)
@@ -310,7 +310,7 @@ class Session:
             self._open = target
             self._finalize_open()
             raise SessionError(
-                "text_too_long",
+                ErrorCode.TEXT_TOO_LONG,
                 f"utterance text over {self._limits.max_text_chars} characters",
                 None,
                 target.utterance_id,
@@ -327,7 +327,7 @@ class Session:
         except QueueFull:
             self._metrics.golden_errors.labels(type="overloaded").inc()
             raise SessionError(
-                "overloaded", "the gateway's admission queue is full", None, utterance_id
+                ErrorCode.OVERLOADED, "the gateway's admission queue is full", None, utterance_id
             ) from None
 
     def _to_engine(self, seq: int, text: str, final: bool) -> None:
@@ -341,9 +341,9 @@ class Session:
         if self.playback is not None:
             self.playback.drop(seq)
             self._pacer.wake(self)
-        self._metrics.errors.labels(code="queue_timeout").inc()
+        self._metrics.errors.labels(code=ErrorCode.QUEUE_TIMEOUT).inc()
         self._peer.send_event(
-            ErrorEvent("queue_timeout", "waited too long for the engine", utterance_id)
+            ErrorEvent(ErrorCode.QUEUE_TIMEOUT, "waited too long for the engine", utterance_id)
         )
 
     def flush(self, utterance_id: str | None = None) -> None:
@@ -359,7 +359,7 @@ class Session:
     def mark(self, name: str) -> None:
         _, playback = self._require_active()
         if playback.full:
-            raise SessionError("queue_full", "too many queued items")
+            raise SessionError(ErrorCode.QUEUE_FULL, "too many queued items")
         playback.enqueue_mark(name)
         self._pacer.wake(self)
 
@@ -379,9 +379,7 @@ class Session:
             return
         self._open = None
         self._admission.close_all()
-        hook = getattr(self._peer, "on_interrupt", None)
-        if callable(hook):
-            hook()  # e.g. a telephony leg flushes its vendor's buffer first
+        self._peer.on_interrupt()  # e.g. a telephony leg flushes its vendor's buffer first
         for event in playback.clear():
             self._peer.send_event(event)
         self._peer.send_event(reason)
@@ -410,11 +408,11 @@ class Session:
         """
         stream, options = self.stream, self.options
         if stream is None or options is None or options.input_format is None:
-            raise SessionError("unexpected_binary", "this session has no input_format")
+            raise SessionError(ErrorCode.UNEXPECTED_BINARY, "this session has no input_format")
         try:
             pcm = options.input_format.decode_input(data)
         except ValueError as exc:
-            raise SessionError("invalid_audio", str(exc)) from None
+            raise SessionError(ErrorCode.INVALID_AUDIO, str(exc)) from None
         written = stream.inbound.write(pcm)
         if written < len(pcm):
             self._metrics.caller_audio_dropped.inc(len(pcm) - written)
@@ -432,9 +430,6 @@ class Session:
             log.info("session %s: barge-in at %d ms of caller audio", self.id, event.audio_ms)
             self._metrics.barge_ins.labels(protocol=self.protocol).inc()
             self._interrupt(BargeIn())
-
-    def on_speech_ended(self, event: SpeechEnded) -> None:
-        pass
 
     def request_close(self) -> None:
         """``close``: finish what is queued, then close normally."""
@@ -500,7 +495,7 @@ class Session:
     def pump_failed(self) -> None:
         """The pacer hit a bug pumping this session: end it (1011), send nothing more."""
         self._broken = True
-        self._metrics.errors.labels(code="internal_error").inc()
+        self._metrics.errors.labels(code=ErrorCode.INTERNAL_ERROR).inc()
         self.finish(CloseCode.INTERNAL_ERROR, "internal_error")
 
     @property
@@ -554,7 +549,7 @@ class Session:
             return
         self.fail(
             SessionError(
-                "engine_unavailable",
+                ErrorCode.ENGINE_UNAVAILABLE,
                 "the TTS engine stopped; reconnect to continue",
                 CloseCode.INTERNAL_ERROR,
             )

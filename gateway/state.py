@@ -11,12 +11,12 @@ from aiohttp import web
 
 from engine.ipc.client import EngineClient, EngineUnavailable
 from engine.ipc.schema import VoiceInfo
-from engine.ipc.supervisor import EngineSupervisor
 from gateway.admission_gate import AdmissionGate
 from gateway.auth import AuthError, Principal, TokenVerifier, token_from_request
 from gateway.calls import CallRegistry
 from gateway.config import GatewaySettings
-from gateway.errors import CloseCode, SessionError
+from gateway.engine_supervisor import EngineSupervisor
+from gateway.errors import CloseCode, ErrorCode, SessionError
 from gateway.leases import Lease, LeaseError, TenantLeases
 from gateway.metrics import GatewayMetrics
 from gateway.pacer import Pacer
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 def _shutting_down() -> SessionError:
     return SessionError(
-        "shutting_down",
+        ErrorCode.SHUTTING_DOWN,
         "this gateway instance is shutting down; connect again",
         CloseCode.TRY_AGAIN_LATER,
         retry_after_ms=0,
@@ -68,9 +68,9 @@ class GatewayState:
         except LeaseError as exc:
             self.metrics.rejections.labels(reason=exc.code).inc()
             raise SessionError(
-                exc.code,
+                ErrorCode(exc.code),
                 f"tenant {session.tenant!r} is at its limit of {limit} sessions"
-                if exc.code == "tenant_limit"
+                if exc.code == ErrorCode.TENANT_LIMIT
                 else "session limits cannot be checked now",
                 CloseCode.TRY_AGAIN_LATER,
                 retry_after_ms=self.settings.retry_after_ms,
@@ -91,7 +91,7 @@ class GatewayState:
             log.warning("session %s lost its tenant lease", session.id)
             session.fail(
                 SessionError(
-                    "lease_lost",
+                    ErrorCode.LEASE_LOST,
                     "the session's slot in the tenant limit expired (a stall)",
                     CloseCode.TRY_AGAIN_LATER,
                 )
@@ -199,7 +199,9 @@ class GatewayState:
                 return found
         elif not self.voices or voice in self.voice_ids():
             return voice, None
-        raise SessionError("unknown_voice", f"unknown voice {voice[:64]!r}", CloseCode.POLICY)
+        raise SessionError(
+            ErrorCode.UNKNOWN_VOICE, f"unknown voice {voice[:64]!r}", CloseCode.POLICY
+        )
 
     def voice_ids(self) -> frozenset[str]:
         return frozenset(v.id for v in self.voices)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +49,7 @@ class VoiceSettings:
 
 class Backend(Protocol):
     name: str
+    version: str  # changes whenever its output or its voice features change
     native_sample_rate: int
     max_text_chars: int
 
@@ -74,11 +75,11 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
 class VoicePreparer(Protocol):
     """Backends that register custom voices implement this (called on the thread that
-    owns the backend, like ``synthesize``)."""
-
-    version: str  # changes whenever the feature format or extraction changes
+    owns the backend, like ``synthesize``). Found with ``isinstance``; the feature
+    format's version is the backend's ``version``."""
 
     def prepare_voice(self, pcm16k: bytes, language: str | None) -> bytes:
         """Features of the reference (16-bit mono PCM at 16 kHz): a versioned blob that
@@ -86,6 +87,7 @@ class VoicePreparer(Protocol):
         ...
 
 
+@runtime_checkable
 class GpuMemoryReporter(Protocol):
     """Backends on a GPU also report device memory (torch.cuda.mem_get_info)."""
 

@@ -9,11 +9,13 @@ Both processes import these (the contract):
 - :mod:`engine.ipc.boundaries`: utterance boundaries published beside the audio;
 - :mod:`engine.ipc.env`: the environment helpers both processes parse settings with.
 
-Only the gateway runs these (its side of the boundary):
+Only the gateway runs this (its side of the boundary):
 
 - :mod:`engine.ipc.client`: :class:`~engine.ipc.client.EngineClient`, one control
-  connection and the streams opened over it;
-- :mod:`engine.ipc.supervisor`: starts, watches and restarts the engine process.
+  connection and the streams opened over it.
+
+The gateway's :mod:`gateway.engine_supervisor` starts, watches and restarts the engine
+process and connects this client to it.
 
 Everything else under ``engine/`` runs in the engine process, and the gateway never
 imports it.

@@ -32,7 +32,6 @@ from engine.ipc.schema import (
     PrepareVoice,
     ProtocolError,
     Speak,
-    SpeechEnded,
     SpeechStarted,
     StreamClosed,
     StreamOpened,
@@ -70,7 +69,6 @@ class StreamListener(Protocol):
     def on_utterance_end(self, event: UtteranceEnd) -> None: ...
     def on_utterance_failed(self, event: UtteranceFailed) -> None: ...
     def on_speech_started(self, event: SpeechStarted) -> None: ...
-    def on_speech_ended(self, event: SpeechEnded) -> None: ...
     def on_engine_lost(self) -> None: ...
 
 
@@ -122,10 +120,6 @@ class EngineStream:
         waiter.add_done_callback(lambda _f: handle.cancel())
         return waiter
 
-    async def cancel(self, timeout: float = 2.0) -> int:
-        """:meth:`request_cancel`, awaited."""
-        return await self.request_cancel(timeout)
-
     async def close(self, timeout: float = 2.0) -> None:
         """Release the slot. Safe to call more than once and after the engine is gone."""
         if self.closed:
@@ -149,8 +143,6 @@ class EngineStream:
             self.listener.on_utterance_failed(message)
         elif isinstance(message, SpeechStarted):
             self.listener.on_speech_started(message)
-        elif isinstance(message, SpeechEnded):
-            self.listener.on_speech_ended(message)
         elif isinstance(message, Cancelled):
             # Cancels are answered in order; one that timed out still consumes its answer.
             if self._cancel_waiters:

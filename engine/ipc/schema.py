@@ -211,11 +211,6 @@ class SpeechStarted(Message):
     audio_ms: int
 
 
-class SpeechEnded(Message):
-    stream_id: int
-    audio_ms: int
-
-
 class StreamClosed(Message):
     """The engine no longer touches the stream's slot."""
 
@@ -241,7 +236,6 @@ FromEngine = (
     | Cancelled
     | StreamClosed
     | SpeechStarted
-    | SpeechEnded
     | VoicePrepared
     | VoicePrepareFailed
     | ProtocolError

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 from aiohttp import WSMsgType, web
 
 from gateway.auth import AuthError, Principal
-from gateway.errors import CloseCode, ProtocolViolation, SessionError
+from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError
 from gateway.events import SessionEvent
 from gateway.peer_log import PeerLog
 from gateway.session import Session
@@ -98,6 +98,10 @@ class Connection(abc.ABC):
     def backlogged(self) -> bool:
         return self._writer.backlogged()
 
+    def on_interrupt(self) -> None:
+        """Clear or barge-in: nothing to flush beyond our own queue (legs override)."""
+        return None
+
     @property
     def established(self) -> bool:
         """Past the start phase (the start deadline no longer applies)."""
@@ -135,7 +139,7 @@ class Connection(abc.ABC):
         except AuthError as exc:
             state.metrics.auth_failures.labels(code=exc.code).inc()
             self.peer_log.info("auth failed: %s", exc.code)
-            raise SessionError(exc.code, exc.message, CloseCode.POLICY) from None
+            raise SessionError(ErrorCode(exc.code), exc.message, CloseCode.POLICY) from None
         self.principal = principal
         self.session.tenant = principal.tenant
         self.session.max_streams = principal.max_streams
@@ -153,7 +157,7 @@ class Connection(abc.ABC):
         self._expiry = None
         self.peer_log.info("token expired")
         message = "the access token expired; connect again with a new one"
-        self.session.fail(SessionError("token_expired", message, CloseCode.POLICY))
+        self.session.fail(SessionError(ErrorCode.TOKEN_EXPIRED, message, CloseCode.POLICY))
 
     # --- the lifecycle ----------------------------------------------------------------
 
@@ -177,7 +181,9 @@ class Connection(abc.ABC):
                     exc_info=receiver.exception(),
                 )
                 session.fail(
-                    SessionError("internal_error", "internal error", CloseCode.INTERNAL_ERROR)
+                    SessionError(
+                        ErrorCode.INTERNAL_ERROR, "internal error", CloseCode.INTERNAL_ERROR
+                    )
                 )
             if session.done.done():
                 code, reason = session.done.result()
@@ -226,7 +232,9 @@ class Connection(abc.ABC):
                     async with asyncio.timeout_at(start_deadline):
                         msg = await self._ws.receive()
             except TimeoutError:
-                self._error(SessionError("start_timeout", "no start in time", CloseCode.POLICY))
+                self._error(
+                    SessionError(ErrorCode.START_TIMEOUT, "no start in time", CloseCode.POLICY)
+                )
                 return
             try:
                 if msg.type is WSMsgType.TEXT:
@@ -251,7 +259,7 @@ class Connection(abc.ABC):
             self._violations += 1
             if self._violations > self._state.settings.max_protocol_errors:
                 exc = ProtocolViolation(
-                    "too_many_errors",
+                    ErrorCode.TOO_MANY_ERRORS,
                     f"more than {self._state.settings.max_protocol_errors} malformed messages",
                     CloseCode.POLICY,
                 )
@@ -262,7 +270,7 @@ class Connection(abc.ABC):
 
     def _on_ws_error(self, error: object) -> None:
         if self._ws.close_code == CloseCode.TOO_BIG:
-            self._state.metrics.errors.labels(code="message_too_big").inc()
+            self._state.metrics.errors.labels(code=ErrorCode.MESSAGE_TOO_BIG).inc()
             self.peer_log.info("message over the size limit")
         else:
             self.peer_log.info("websocket error %r", error)
@@ -295,7 +303,12 @@ async def serve(
     ws = _websocket(state)
     if not ws.can_prepare(request).ok:
         return web.json_response(
-            {"error": {"code": "websocket_required", "message": "connect with a WebSocket"}},
+            {
+                "error": {
+                    "code": ErrorCode.WEBSOCKET_REQUIRED,
+                    "message": "connect with a WebSocket",
+                }
+            },
             status=426,
         )
     await ws.prepare(request)

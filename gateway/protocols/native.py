@@ -12,7 +12,7 @@ from aiohttp import web
 
 from gateway.auth import token_from_request
 from gateway.calls import Call
-from gateway.errors import CloseCode, ProtocolViolation, SessionError
+from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError
 from gateway.events import CallEnded, CallStarted, ErrorEvent, Ready, SessionEvent
 from gateway.protocols.base import Connection, serve
 from gateway.protocols.native_codec import (
@@ -81,7 +81,9 @@ class NativeConnection(Connection):
         assert self.principal is not None
         call = self._state.calls.get(call_id, self.principal.tenant)
         if call is None:
-            raise SessionError("unknown_call", f"no call {call_id[:64]!r}", CloseCode.POLICY)
+            raise SessionError(
+                ErrorCode.UNKNOWN_CALL, f"no call {call_id[:64]!r}", CloseCode.POLICY
+            )
         self.call = call
         call.subscribers.add(self)
         session = call.session
@@ -99,7 +101,7 @@ class NativeConnection(Connection):
         own = self.session
         if isinstance(message, StartMsg):
             if own.state is not SessionState.AWAITING_START or self.call is not None:
-                raise ProtocolViolation("already_started", "start was already received")
+                raise ProtocolViolation(ErrorCode.ALREADY_STARTED, "start was already received")
             if message.call is not None:
                 self._attach(message.call)
             else:
@@ -115,14 +117,14 @@ class NativeConnection(Connection):
             return
         if isinstance(message, HangupMsg):
             if self.call is None:
-                raise ProtocolViolation("not_attached", "hangup needs a call (start.call)")
+                raise ProtocolViolation(ErrorCode.NOT_ATTACHED, "hangup needs a call (start.call)")
             self.call.hangup()
             return
         session = self.target
         if not session.started and not isinstance(message, CloseMsg):
             if self.call is not None:
-                raise SessionError("call_not_active", "the call is not active")
-            raise ProtocolViolation("not_started", "send start first", CloseCode.POLICY)
+                raise SessionError(ErrorCode.CALL_NOT_ACTIVE, "the call is not active")
+            raise ProtocolViolation(ErrorCode.NOT_STARTED, "send start first", CloseCode.POLICY)
         if isinstance(message, SpeakMsg):
             session.speak(message.text, message.utterance_id, flush=message.flush)
         elif isinstance(message, FlushMsg):
@@ -136,7 +138,7 @@ class NativeConnection(Connection):
 
     async def on_binary(self, data: bytes) -> None:
         if not self.session.started:
-            raise ProtocolViolation("not_started", "binary before start", CloseCode.POLICY)
+            raise ProtocolViolation(ErrorCode.NOT_STARTED, "binary before start", CloseCode.POLICY)
         self.session.feed_caller_audio(data)
 
 

@@ -13,7 +13,7 @@ from typing import Literal
 import msgspec
 
 from gateway.calls import MAX_CALL_ID_CHARS
-from gateway.errors import CloseCode, ProtocolViolation, SessionError
+from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError
 from gateway.events import (
     BargeIn,
     CallEnded,
@@ -97,36 +97,42 @@ def decode_client_message(data: str | bytes) -> ClientMessage:
     try:
         obj = msgspec.json.decode(data)
     except msgspec.DecodeError:
-        raise ProtocolViolation("invalid_json", "message is not valid JSON") from None
+        raise ProtocolViolation(ErrorCode.INVALID_JSON, "message is not valid JSON") from None
     except RecursionError:
-        raise ProtocolViolation("invalid_json", "message is nested too deeply") from None
+        raise ProtocolViolation(ErrorCode.INVALID_JSON, "message is nested too deeply") from None
     if not isinstance(obj, dict):
-        raise ProtocolViolation("invalid_json", "message must be a JSON object")
+        raise ProtocolViolation(ErrorCode.INVALID_JSON, "message must be a JSON object")
     kind = obj.get("type")
     cls = _BY_TYPE.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ProtocolViolation("unknown_type", "missing or unknown message type")
+        raise ProtocolViolation(ErrorCode.UNKNOWN_TYPE, "missing or unknown message type")
     try:
         message = msgspec.convert(obj, cls)
     except msgspec.ValidationError as exc:
-        raise ProtocolViolation("invalid_message", f"{kind}: {exc}") from None
+        raise ProtocolViolation(ErrorCode.INVALID_MESSAGE, f"{kind}: {exc}") from None
     _check_ranges(message)
     return message
 
 
 def _check_ranges(message: ClientMessage) -> None:
     if isinstance(message, StartMsg) and not 0.25 <= message.speed <= 4.0:
-        raise ProtocolViolation("invalid_message", "start: speed must be between 0.25 and 4")
+        raise ProtocolViolation(
+            ErrorCode.INVALID_MESSAGE, "start: speed must be between 0.25 and 4"
+        )
     if isinstance(message, StartMsg) and message.call is None and message.voice is None:
-        raise ProtocolViolation("invalid_message", "start: voice is required (or call)")
+        raise ProtocolViolation(ErrorCode.INVALID_MESSAGE, "start: voice is required (or call)")
     if isinstance(message, MarkMsg) and not 0 < len(message.name) <= MAX_NAME_CHARS:
-        raise ProtocolViolation("invalid_message", "mark: name must be 1 to 256 characters")
+        raise ProtocolViolation(ErrorCode.INVALID_MESSAGE, "mark: name must be 1 to 256 characters")
     call = message.call if isinstance(message, StartMsg) else None
     if call is not None and not 0 < len(call) <= MAX_CALL_ID_CHARS:
-        raise ProtocolViolation("invalid_message", "start: call must be 1 to 128 characters")
-    utterance_id = getattr(message, "utterance_id", None)
+        raise ProtocolViolation(
+            ErrorCode.INVALID_MESSAGE, "start: call must be 1 to 128 characters"
+        )
+    utterance_id = message.utterance_id if isinstance(message, SpeakMsg | FlushMsg) else None
     if utterance_id is not None and not 0 < len(utterance_id) <= MAX_NAME_CHARS:
-        raise ProtocolViolation("invalid_message", "utterance_id must be 1 to 256 characters")
+        raise ProtocolViolation(
+            ErrorCode.INVALID_MESSAGE, "utterance_id must be 1 to 256 characters"
+        )
 
 
 def encode_event(event: SessionEvent) -> str:
@@ -183,19 +189,23 @@ def start_options(message: StartMsg) -> StartOptions:
     ``barge_in`` defaults to on when the session sends caller audio (``input_format``).
     """
     if message.voice is None:
-        raise ProtocolViolation("invalid_message", "start: voice is required", CloseCode.POLICY)
+        raise ProtocolViolation(
+            ErrorCode.INVALID_MESSAGE, "start: voice is required", CloseCode.POLICY
+        )
     if message.format is None:
-        raise ProtocolViolation("invalid_message", "start: format is required", CloseCode.POLICY)
+        raise ProtocolViolation(
+            ErrorCode.INVALID_MESSAGE, "start: format is required", CloseCode.POLICY
+        )
     fmt = FORMATS.get(message.format)
     if fmt is None:
         raise SessionError(
-            "unsupported_format", f"unknown format {message.format!r}", CloseCode.POLICY
+            ErrorCode.UNSUPPORTED_FORMAT, f"unknown format {message.format!r}", CloseCode.POLICY
         )
     input_fmt = None
     if message.input_format is not None:
         if message.input_format not in INPUT_FORMATS:
             raise SessionError(
-                "unsupported_format",
+                ErrorCode.UNSUPPORTED_FORMAT,
                 f"unknown input_format {message.input_format!r}",
                 CloseCode.POLICY,
             )

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from gateway.calls import Call, CallIdInUse
-from gateway.errors import CloseCode, ProtocolViolation, SessionError
+from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError
 from gateway.events import (
     CallEnded,
     CallStarted,
@@ -90,11 +90,11 @@ class TelephonyLeg(Connection):
         """Send a vendor mark for the session's mark ``name``; it is reported to the
         application when the vendor says it was played (bounded backlog)."""
         if self.vendor_pending_marks() >= MAX_PENDING_VENDOR_MARKS:
-            self._state.metrics.errors.labels(code="mark_backlog_full").inc()
+            self._state.metrics.errors.labels(code=ErrorCode.MARK_BACKLOG_FULL).inc()
             self.peer_log.warning("mark backlog full: the vendor is not echoing marks")
             self._publish(
                 ErrorEvent(
-                    "mark_backlog_full",
+                    ErrorCode.MARK_BACKLOG_FULL,
                     f"{MAX_PENDING_VENDOR_MARKS} marks are waiting for the vendor to play "
                     f"them; mark {name[:64]!r} was not sent",
                 )
@@ -191,7 +191,9 @@ class TelephonyLeg(Connection):
             self._state.calls.register(call)
         except CallIdInUse:
             raise ProtocolViolation(
-                "call_id_in_use", "this tenant already has a call with that id", CloseCode.POLICY
+                ErrorCode.CALL_ID_IN_USE,
+                "this tenant already has a call with that id",
+                CloseCode.POLICY,
             ) from None
         self.call = call
         log.info("%s call %s started (session %s)", self.protocol, call_id, self.session.id)

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.errors import CloseCode, ProtocolViolation
+from gateway.errors import CloseCode, ProtocolViolation, vendor_code
 from gateway.protocols.base import serve
 from gateway.protocols.telephony import TelephonyLeg
 from telephony.twilio import (
@@ -62,13 +62,17 @@ class TwilioLeg(TelephonyLeg):
         pass  # a media stream cannot hang up the call: closing the stream ends our leg
 
     async def on_binary(self, data: bytes) -> None:
-        raise ProtocolViolation("twilio_unexpected_binary", "binary frame", CloseCode.POLICY)
+        raise ProtocolViolation(
+            vendor_code(self.protocol, "unexpected_binary"), "binary frame", CloseCode.POLICY
+        )
 
     async def on_text(self, text: str) -> None:
         try:
             events = self._core.receive_text(text)
         except TwilioError as exc:
-            raise ProtocolViolation(f"twilio_{exc.code}", str(exc), CloseCode.POLICY) from None
+            raise ProtocolViolation(
+                vendor_code(self.protocol, exc.code), str(exc), CloseCode.POLICY
+            ) from None
         for event in events:
             if isinstance(event, TwilioMedia):
                 if event.track in ("inbound", "inbound_track") and self.session.started:

@@ -29,6 +29,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from engine.ipc.schema import VoiceInfo
 from gateway.auth import AuthError, Principal
+from gateway.errors import ErrorCode
 from gateway.state import STATE_KEY, GatewayState
 from gateway.voices.reference_audio import MAX_UPLOAD_BYTES, ReferenceAudioError
 from gateway.voices.registry import VoiceError
@@ -85,7 +86,7 @@ async def list_voices(request: web.Request) -> web.Response:
     if isinstance(who, web.Response):
         return who
     if not state.voices:
-        return _error(503, "engine_unavailable", "the TTS engine is not ready")
+        return _error(503, ErrorCode.ENGINE_UNAVAILABLE, "the TTS engine is not ready")
     voices = [builtin_json(v) for v in state.voices]
     try:
         voices += [record_json(r) for r in await state.registry.list(who.tenant)]
@@ -108,7 +109,7 @@ async def get_voice(request: web.Request) -> web.Response:
     except VoiceError as exc:
         return _error(exc.status, exc.code, exc.message)
     if record is None:
-        return _error(404, "unknown_voice", "no such voice")
+        return _error(404, ErrorCode.UNKNOWN_VOICE, "no such voice")
     return web.json_response(record_json(record))
 
 
@@ -122,7 +123,7 @@ async def delete_voice(request: web.Request) -> web.Response:
     except VoiceError as exc:
         return _error(exc.status, exc.code, exc.message)
     if not deleted:
-        return _error(404, "unknown_voice", "no such voice")
+        return _error(404, ErrorCode.UNKNOWN_VOICE, "no such voice")
     return web.Response(status=204)
 
 
@@ -153,7 +154,7 @@ class _BoundedBody:
     def _check(self) -> None:
         if self._content.total_bytes > self._limit:
             raise _Refusal(
-                413, "request_too_large", f"the request body is over {self._limit} bytes"
+                413, ErrorCode.REQUEST_TOO_LARGE, f"the request body is over {self._limit} bytes"
             )
 
     async def readline(self, *, max_line_length: int | None = None) -> bytes:
@@ -236,7 +237,7 @@ async def _read_text(part: BodyPartReader) -> str:
     while chunk := await part.read_chunk(UPLOAD_CHUNK_BYTES):
         data += chunk
         if len(data) > MAX_FIELD_BYTES:
-            raise VoiceError("invalid_field", f"field {part.name} too long", 400)
+            raise VoiceError(ErrorCode.INVALID_FIELD, f"field {part.name} too long", 400)
     return data.decode("utf-8", errors="replace").strip()
 
 
@@ -254,36 +255,42 @@ async def _receive(request: web.Request, spool: _Spool) -> dict[str, str]:
     seen_audio = False
     while (part := await reader.next()) is not None:
         if not isinstance(part, BodyPartReader):
-            raise _Refusal(400, "invalid_request", "nested multipart parts are not accepted")
+            raise _Refusal(
+                400, ErrorCode.INVALID_REQUEST, "nested multipart parts are not accepted"
+            )
         if part.name == "audio":
             if seen_audio:
-                raise _Refusal(400, "invalid_request", "more than one 'audio' part")
+                raise _Refusal(400, ErrorCode.INVALID_REQUEST, "more than one 'audio' part")
             seen_audio = True
             while chunk := await part.read_chunk(UPLOAD_CHUNK_BYTES):
                 if spool.size + len(chunk) > MAX_UPLOAD_BYTES:
                     raise _Refusal(
-                        413, "audio_too_large", f"audio is limited to {MAX_UPLOAD_BYTES} bytes"
+                        413,
+                        ErrorCode.AUDIO_TOO_LARGE,
+                        f"audio is limited to {MAX_UPLOAD_BYTES} bytes",
                     )
                 try:
                     spool.write(chunk)
                 except OSError as exc:
                     log.error("cannot spool a voice upload to %s: %s", spool.path, exc)
                     raise _Refusal(
-                        503, "upload_unavailable", "the upload cannot be stored for processing"
+                        503,
+                        ErrorCode.UPLOAD_UNAVAILABLE,
+                        "the upload cannot be stored for processing",
                     ) from None
         elif part.name in TEXT_FIELDS:
             if part.name in fields:
-                raise _Refusal(400, "invalid_request", f"more than one {part.name!r} part")
+                raise _Refusal(400, ErrorCode.INVALID_REQUEST, f"more than one {part.name!r} part")
             fields[part.name] = await _read_text(part)
         else:
             raise _Refusal(
                 400,
-                "invalid_request",
+                ErrorCode.INVALID_REQUEST,
                 f"unknown field {_field_label(part.name)}: send 'audio' and optionally "
                 + ", ".join(repr(f) for f in TEXT_FIELDS),
             )
     if not seen_audio:
-        raise _Refusal(400, "invalid_request", "the 'audio' file field is missing")
+        raise _Refusal(400, ErrorCode.INVALID_REQUEST, "the 'audio' file field is missing")
     spool.finish()
     return fields
 
@@ -298,11 +305,11 @@ def _refused(state: GatewayState, exc: _Refusal) -> web.Response:
 
 def _too_many_uploads(state: GatewayState) -> web.Response:
     retry_after_ms = state.settings.retry_after_ms
-    state.metrics.errors.labels(code="too_many_uploads").inc()
+    state.metrics.errors.labels(code=ErrorCode.TOO_MANY_UPLOADS).inc()
     return web.json_response(
         {
             "error": {
-                "code": "too_many_uploads",
+                "code": ErrorCode.TOO_MANY_UPLOADS,
                 "message": "too many voice uploads in progress; try again later",
                 "retry_after_ms": retry_after_ms,
             }
@@ -320,9 +327,13 @@ def _before_body(request: web.Request) -> Principal | web.Response:
     if isinstance(who, web.Response):
         return who
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        return _error(413, "audio_too_large", f"uploads are limited to {MAX_UPLOAD_BYTES} bytes")
+        return _error(
+            413, ErrorCode.AUDIO_TOO_LARGE, f"uploads are limited to {MAX_UPLOAD_BYTES} bytes"
+        )
     if not request.content_type.startswith("multipart/"):
-        return _error(400, "invalid_request", "send multipart/form-data with an 'audio' file")
+        return _error(
+            400, ErrorCode.INVALID_REQUEST, "send multipart/form-data with an 'audio' file"
+        )
     return who
 
 
@@ -335,7 +346,7 @@ async def _expect_continue(request: web.Request) -> web.Response | None:
     if request.version != HttpVersion11:
         return None
     if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
-        return _error(417, "invalid_request", "only 'Expect: 100-continue' is understood")
+        return _error(417, ErrorCode.INVALID_REQUEST, "only 'Expect: 100-continue' is understood")
     checked = _before_body(request)
     if isinstance(checked, web.Response):
         return checked
@@ -376,13 +387,13 @@ async def register_voice(request: web.Request) -> web.Response:
         except TimeoutError:
             raise _Refusal(
                 408,
-                "upload_timeout",
+                ErrorCode.UPLOAD_TIMEOUT,
                 f"the upload did not arrive within {state.settings.upload_timeout_s:g} s",
                 close=True,
             ) from None
         except (ValueError, RuntimeError, EOFError, ConnectionError, HttpProcessingError) as exc:
             log.info("bad voice upload: %s", exc)
-            raise _Refusal(400, "invalid_request", "malformed multipart body") from None
+            raise _Refusal(400, ErrorCode.INVALID_REQUEST, "malformed multipart body") from None
         workers = request.app[UPLOAD_WORKERS_KEY]
         path = spool.path
         record = await state.registry.register(
@@ -403,14 +414,16 @@ async def register_voice(request: web.Request) -> web.Response:
     except UploadWorkerError as exc:
         log.error("voice upload not processed: %s", exc)
         return _refused(
-            state, _Refusal(503, "upload_unavailable", "the upload could not be processed")
+            state, _Refusal(503, ErrorCode.UPLOAD_UNAVAILABLE, "the upload could not be processed")
         )
     except OSError as exc:  # the temporary file could not be made, or read by the worker
         log.error("voice upload not processed: %s", exc)
-        return _refused(state, _Refusal(503, "upload_unavailable", "the upload was not processed"))
+        return _refused(
+            state, _Refusal(503, ErrorCode.UPLOAD_UNAVAILABLE, "the upload was not processed")
+        )
     except Exception:
         log.exception("voice upload failed")
-        return _refused(state, _Refusal(500, "internal_error", "the upload failed"))
+        return _refused(state, _Refusal(500, ErrorCode.INTERNAL_ERROR, "the upload failed"))
     finally:
         if spool is not None:
             spool.remove()

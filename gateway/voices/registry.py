@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from engine.ipc.client import EngineClient, EngineRejected, EngineUnavailable
+from gateway.errors import ErrorCode
 from gateway.metrics import GatewayMetrics
 from gateway.voices.reference_audio import ReferenceAudio
 from gateway.voices.store import StorageUnavailable, VoiceRecord, VoiceStore
@@ -56,7 +57,7 @@ V = TypeVar("V")
 class VoiceError(Exception):
     """A client-facing registry error: ``code`` and an HTTP status."""
 
-    def __init__(self, code: str, message: str, status: int) -> None:
+    def __init__(self, code: ErrorCode, message: str, status: int) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -167,7 +168,7 @@ class VoiceRegistry:
         """Features of reference ``sha``: L1, then L2, then extraction (once per cluster)."""
         info = self._backend()
         if info is None:
-            raise VoiceError("engine_unavailable", "the TTS engine is not ready", 503)
+            raise VoiceError(ErrorCode.ENGINE_UNAVAILABLE, "the TTS engine is not ready", 503)
         key = f"{info.name}:{info.version}:{language.lower()}:{sha}"
         self.lookups += 1
         blob = self._features.get(key)
@@ -216,7 +217,9 @@ class VoiceRegistry:
             if blob is not None:
                 return blob
             if time.monotonic() > deadline:
-                raise VoiceError("storage_unavailable", "voice extraction lock timed out", 503)
+                raise VoiceError(
+                    ErrorCode.STORAGE_UNAVAILABLE, "voice extraction lock timed out", 503
+                )
         try:
             blob = await self._store.load_features(key)  # finished while we took the lock?
             if blob is not None:
@@ -224,13 +227,17 @@ class VoiceRegistry:
             if audio is None and load_audio is not None:
                 audio = await load_audio()
             if audio is None:
-                raise VoiceError("voice_unavailable", "the voice's reference audio is gone", 410)
+                raise VoiceError(
+                    ErrorCode.VOICE_UNAVAILABLE, "the voice's reference audio is gone", 410
+                )
             try:
                 prepared = await self._engine().prepare_voice(audio, language=language)
             except EngineRejected as exc:
-                raise VoiceError(exc.code, exc.message, 400) from None
+                raise VoiceError(ErrorCode.from_engine(exc.code), exc.message, 400) from None
             except EngineUnavailable:
-                raise VoiceError("engine_unavailable", "the TTS engine is not ready", 503) from None
+                raise VoiceError(
+                    ErrorCode.ENGINE_UNAVAILABLE, "the TTS engine is not ready", 503
+                ) from None
             self._metrics.voice_extraction.observe(prepared.seconds)
             await self._store.save_features(key, prepared.features, self._features_ttl_s)
             return prepared.features
@@ -259,17 +266,19 @@ class VoiceRegistry:
         failure."""
         info = self._backend()
         if info is None:
-            raise VoiceError("engine_unavailable", "the TTS engine is not ready", 503)
+            raise VoiceError(ErrorCode.ENGINE_UNAVAILABLE, "the TTS engine is not ready", 503)
         if not info.cloning:
             raise VoiceError(
-                "voice_cloning_unsupported", f"backend {info.name} has no custom voices", 400
+                ErrorCode.VOICE_CLONING_UNSUPPORTED,
+                f"backend {info.name} has no custom voices",
+                400,
             )
         language = (language or "en-US").strip()
         base_voice = base_voice_for(language, info.voices)
         if base_voice is None:
-            raise VoiceError("unsupported_language", f"no voice speaks {language!r}", 400)
+            raise VoiceError(ErrorCode.UNSUPPORTED_LANGUAGE, f"no voice speaks {language!r}", 400)
         if name is not None and len(name) > MAX_NAME_CHARS:
-            raise VoiceError("invalid_name", f"name over {MAX_NAME_CHARS} characters", 400)
+            raise VoiceError(ErrorCode.INVALID_NAME, f"name over {MAX_NAME_CHARS} characters", 400)
         ref = await reference()
         voice_id = VOICE_ID_PREFIX + secrets.token_hex(8)
         try:
@@ -289,7 +298,9 @@ class VoiceRegistry:
         except StorageUnavailable:
             with contextlib.suppress(StorageUnavailable):  # nothing half-registered
                 await self._store.release_audio(ref.sha256, voice_id)
-            raise VoiceError("storage_unavailable", "voice storage is unreachable", 503) from None
+            raise VoiceError(
+                ErrorCode.STORAGE_UNAVAILABLE, "voice storage is unreachable", 503
+            ) from None
         self._records.put(record.id, (record, self._clock()))
         log.info("voice %s registered for tenant %s (%d ms)", record.id, tenant, ref.duration_ms)
         return record
@@ -308,7 +319,7 @@ class VoiceRegistry:
             except StorageUnavailable:
                 if record is None:
                     raise VoiceError(
-                        "storage_unavailable", "voice storage is unreachable", 503
+                        ErrorCode.STORAGE_UNAVAILABLE, "voice storage is unreachable", 503
                     ) from None
                 # The store is down: keep speaking with what this instance knows, and do
                 # not ask again (paying a timeout per session start) for another TTL.
@@ -326,7 +337,9 @@ class VoiceRegistry:
         try:
             return await self._store.list_records(tenant)
         except StorageUnavailable:
-            raise VoiceError("storage_unavailable", "voice storage is unreachable", 503) from None
+            raise VoiceError(
+                ErrorCode.STORAGE_UNAVAILABLE, "voice storage is unreachable", 503
+            ) from None
 
     async def delete(self, tenant: str, voice_id: str) -> bool:
         record = await self.get(tenant, voice_id)
@@ -335,7 +348,9 @@ class VoiceRegistry:
         try:
             await self._store.delete_record(record)
         except StorageUnavailable:
-            raise VoiceError("storage_unavailable", "voice storage is unreachable", 503) from None
+            raise VoiceError(
+                ErrorCode.STORAGE_UNAVAILABLE, "voice storage is unreachable", 503
+            ) from None
         try:
             erased = await self._store.release_audio(record.audio_sha256, record.id)
         except StorageUnavailable:
@@ -345,7 +360,9 @@ class VoiceRegistry:
                 voice_id,
                 record.audio_sha256,
             )
-            raise VoiceError("storage_unavailable", "voice storage is unreachable", 503) from None
+            raise VoiceError(
+                ErrorCode.STORAGE_UNAVAILABLE, "voice storage is unreachable", 503
+            ) from None
         self._records.pop(voice_id)
         if erased:  # no voice uses the reference any more: forget its features here too
             self._features.pop_where(lambda key: key.endswith(":" + record.audio_sha256))
@@ -364,5 +381,7 @@ class VoiceRegistry:
         try:
             blob = await self.features(record.audio_sha256, record.language, load_audio)
         except StorageUnavailable:
-            raise VoiceError("storage_unavailable", "voice storage is unreachable", 503) from None
+            raise VoiceError(
+                ErrorCode.STORAGE_UNAVAILABLE, "voice storage is unreachable", 503
+            ) from None
         return record.base_voice, blob

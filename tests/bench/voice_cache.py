@@ -73,7 +73,7 @@ import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.ipc.client import EngineClient, EngineUnavailable
-from engine.ipc.supervisor import EngineSupervisor, SupervisorSettings
+from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
 from gateway.metrics import GatewayMetrics
 from gateway.voices.registry import BackendInfo, VoiceRegistry
 from gateway.voices.store import RedisVoiceStore

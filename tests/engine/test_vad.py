@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from engine.ipc.ring import SpscRing
-from engine.ipc.schema import Message, SpeechEnded, SpeechStarted
+from engine.ipc.schema import Message, SpeechStarted
 from engine.vad import CONTEXT, WINDOW, SileroVad, SpeechDetector, VadWorker
 from tests.integration import caller_audio
 
@@ -129,7 +129,6 @@ def test_silero_detects_speech_onset_within_200_ms(silero, speech):
     events = detect(silero, np.concatenate([caller_audio.silence(1.0), speech]))
     assert isinstance(events[0], SpeechStarted)
     assert 1000 <= events[0].audio_ms <= 1200  # speech begins at 1000 ms
-    assert any(isinstance(e, SpeechEnded) for e in events) or len(speech) > 0
 
 
 @pytest.mark.parametrize("rms", [300.0, 1000.0, 3000.0])

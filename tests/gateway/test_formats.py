@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway.formats import FORMATS, FRAME_MS, INPUT_FORMATS, AudioFormat, get_format
+from gateway.formats import FORMATS, FRAME_MS, INPUT_FORMATS, AudioFormat
 from telephony.codecs import opus
 
 BRIEF_FORMATS = {
@@ -30,7 +30,7 @@ def sine_frame(fmt: AudioFormat, freq: float = 440.0) -> bytes:
 
 @pytest.mark.parametrize("name", sorted(BRIEF_FORMATS))
 def test_every_format_of_the_brief_exists(name: str):
-    fmt = get_format(name)
+    fmt = FORMATS.get(name)
     assert fmt is not None
     assert fmt is FORMATS[name]
     assert fmt.name == name
@@ -40,8 +40,8 @@ def test_every_format_of_the_brief_exists(name: str):
 
 def test_registry_has_exactly_the_brief_formats():
     assert set(FORMATS) == set(BRIEF_FORMATS)
-    assert get_format("mp3_44100") is None
-    assert get_format("MULAW_8000") is None
+    assert FORMATS.get("mp3_44100") is None
+    assert FORMATS.get("MULAW_8000") is None
 
 
 def test_input_formats_are_the_non_opus_ones():

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from engine.ipc.boundaries import BoundaryReader, BoundaryWriter
 from engine.ipc.ring import SpscRing
+from gateway.errors import ErrorCode
 from gateway.events import ErrorEvent, MarkReached, SessionEvent, UtteranceDone, UtteranceStarted
 from gateway.playback import FrameResult, FrameStatus, Playback
 
@@ -419,7 +420,7 @@ def test_failed_without_audio_reports_error_then_done():
     assert result.frame is None
     assert result.status is FrameStatus.IDLE
     assert result.before == [
-        ErrorEvent("engine_error", "synthesis failed", "u1"),
+        ErrorEvent(ErrorCode.ENGINE_ERROR, "synthesis failed", "u1"),
         UtteranceDone("u1", audio_ms=0, first_audio_ms=None),
         MarkReached("m1"),
     ]
@@ -438,7 +439,7 @@ def test_failed_with_audio_plays_it_then_reports_error_then_done():
     assert frames_of(items) == [audio[:FRAME], padded(audio[FRAME:])]
     events = events_of(items)
     assert events[0] == UtteranceStarted("u1")
-    assert events[1] == ErrorEvent("engine_error", "boom", "u1")
+    assert events[1] == ErrorEvent(ErrorCode.ENGINE_ERROR, "boom", "u1")
     done = events[2]
     assert isinstance(done, UtteranceDone)
     assert done.utterance_id == "u1"

@@ -17,7 +17,7 @@ import pytest
 from engine.ipc.client import EngineClient, EngineRejected, EngineUnavailable
 from engine.ipc.ring import SpscRing
 from engine.ipc.schema import UtteranceAudio, UtteranceEnd, UtteranceFailed
-from gateway.errors import CloseCode, SessionError
+from gateway.errors import CloseCode, ErrorCode, IllegalTransition, SessionError
 from gateway.events import (
     Cleared,
     ErrorEvent,
@@ -31,7 +31,6 @@ from gateway.formats import FORMATS
 from gateway.metrics import GatewayMetrics
 from gateway.session import (
     _TRANSITIONS,
-    IllegalTransition,
     Pacing,
     Session,
     SessionLimits,
@@ -77,6 +76,9 @@ class FakePeer:
 
     def backlogged(self) -> bool:
         return self.backlog
+
+    def on_interrupt(self) -> None:
+        pass
 
     def event_list(self) -> list[SessionEvent]:
         return [e for _, e in self.events]
@@ -650,7 +652,7 @@ async def test_engine_lost_reports_and_closes():
     h = await started()
     h.session.on_engine_lost()
     assert h.peer.event_list()[-1] == ErrorEvent(
-        "engine_unavailable", "the TTS engine stopped; reconnect to continue"
+        ErrorCode.ENGINE_UNAVAILABLE, "the TTS engine stopped; reconnect to continue"
     )
     assert h.session.done.result() == (1011, "engine_unavailable")
 
@@ -663,7 +665,7 @@ async def test_failed_utterance_reports_error_then_done():
     )
     h.tick()
     assert h.peer.event_list()[-2:] == [
-        ErrorEvent("engine_error", "x", uid),
+        ErrorEvent(ErrorCode.ENGINE_ERROR, "x", uid),
         UtteranceDone(uid, audio_ms=0, first_audio_ms=None),
     ]
     assert h.counter("gateway_errors_total", code="engine_error") == 1

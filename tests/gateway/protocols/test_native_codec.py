@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import CloseCode, ProtocolViolation, SessionError
+from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError
 from gateway.events import (
     BargeIn,
     Cleared,
@@ -219,12 +219,12 @@ def test_encode_cleared_and_barge_in():
 
 
 def test_encode_error():
-    assert wire(ErrorEvent("queue_full", "too many queued utterances")) == {
+    assert wire(ErrorEvent(ErrorCode.QUEUE_FULL, "too many queued utterances")) == {
         "type": "error",
         "code": "queue_full",
         "message": "too many queued utterances",
     }
-    assert wire(ErrorEvent("engine_error", "synthesis failed", "u7")) == {
+    assert wire(ErrorEvent(ErrorCode.ENGINE_ERROR, "synthesis failed", "u7")) == {
         "type": "error",
         "code": "engine_error",
         "message": "synthesis failed",

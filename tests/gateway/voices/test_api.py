@@ -21,10 +21,10 @@ import soundfile as sf  # type: ignore[import-untyped]
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from engine.ipc.supervisor import EngineSupervisor, SupervisorSettings
 from gateway.admission_gate import AdmissionGate
 from gateway.auth import AuthSettings, TokenVerifier, mint_token
 from gateway.config import GatewaySettings
+from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
 from gateway.leases import LeaseSettings, TenantLeases
 from gateway.metrics import GatewayMetrics
 from gateway.pacer import Pacer

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from engine.ipc.client import EngineClient, EngineUnavailable
 from engine.ipc.env import shm_directory
+from gateway.errors import IllegalTransition
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,6 @@ _TRANSITIONS: dict[EngineState, frozenset[EngineState]] = {
     EngineState.READY: frozenset({EngineState.BACKOFF, EngineState.STOPPED}),
     EngineState.BACKOFF: frozenset({EngineState.STARTING, EngineState.STOPPED}),
 }
-
-
-class IllegalTransition(RuntimeError):
-    pass
 
 
 @dataclass
