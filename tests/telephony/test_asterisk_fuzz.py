@@ -28,13 +28,12 @@ Deterministic (``derandomize=True``) and bounded by ``max_examples``: a few seco
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass
 from typing import Any, Final
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from telephony.asterisk import (
@@ -62,21 +61,20 @@ from telephony.asterisk import (
     encode_command,
 )
 from telephony.limits import call_id_problem
-
-FUZZ: Final = settings(
-    max_examples=250,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+from tests.telephony.fuzzing import (
+    FUZZ,
+    BadValues,
+    assert_loggable,
+    corrupted,
+    damaged,
+    raw_texts,
+    serialized,
+    texts,
 )
+from tests.telephony.test_asterisk import CHANNEL_ID, JSON, PLAIN
 
-PLAIN: Final = ControlFormat.PLAIN_TEXT
-JSON: Final = ControlFormat.JSON
 CONNECTION_ID: Final = "e226e283-c90a-4ea9-9e37-389000b9ef47"
-CHANNEL_ID: Final = "pbx1-123456789.999"
 MARK_IDS: Final = ("m1", "m2", "m3", "m4")  # the gateway's ids, in the order it sends them
-MAX_ERROR_CHARS: Final = 1024  # "stay short": messages quote at most 64 input characters
 
 STARTED: Final = frozenset({AsteriskState.ACTIVE, AsteriskState.PAUSED})
 PROTOCOL_CODES: Final = frozenset(
@@ -196,131 +194,9 @@ def media_start(fmt: ControlFormat, codec: str = "ulaw", frame: int = 160) -> st
 
 # --------------------------------------------------------------------------- strategies
 
-#: Any character, lone surrogates included, and the ones that matter to both formats.
-CHARS: Final = (
-    st.characters()
-    | st.characters(categories=["Cs"])
-    | st.sampled_from(list('\x00\t\n\r :\x7f\x85\xa0\u2028\u200b\ufeff{}[],"\\é问😀'))
-)
-
-
-def texts(max_size: int) -> st.SearchStrategy[str]:
-    return st.text(CHARS, max_size=max_size)
-
-
-#: Wrong values by kind (see the Twilio fuzzer): decimals int() refuses (over 4,300
-#: digits) or that are not ASCII, ids around the 128-character bound and with control,
-#: space, format or surrogate characters, numbers out of range, deep nesting.
-_BAD_DECIMALS: Final[list[Any]] = [
-    "",
-    "-1",
-    "+1",
-    "1.5",
-    "٣",
-    "0" * 25,
-    "9" * 21,
-    "9" * 4_301,
-    "9" * 9_000,
-]
-_BAD_TEXTS: Final[list[Any]] = [
-    "",
-    " ",
-    "a b",
-    "a:b",
-    ":",
-    "\t",
-    "1.1\x00",
-    "\x7f",
-    "\u2028",
-    "\ud800",
-    "\u200b",
-    "\xa0",
-    "问候",
-    "x" * 128,
-    "x" * 129,
-    "x" * 10_000,
-    "x" * 70_000,
-]
-_BAD_NUMBERS: Final[list[Any]] = [
-    2**64,
-    2**63,
-    -1,
-    0,
-    1,
-    3,
-    65_500,
-    65_502,
-    1e308,
-    True,
-    None,
-    "160",
-]
-_BAD_CONTAINERS: Final[list[Any]] = [[], {}, [[[]]], {"": None}, {"A": 1}, "\x00DEEP\x00"]
-NASTY: Final[st.SearchStrategy[Any]] = st.sampled_from(
-    _BAD_DECIMALS + _BAD_TEXTS + _BAD_NUMBERS + _BAD_CONTAINERS
-).map(copy.deepcopy)
-SCALARS: Final[st.SearchStrategy[Any]] = (
-    st.none() | st.booleans() | st.integers() | st.floats() | texts(12)
-)
-JSON_VALUES: Final[st.SearchStrategy[Any]] = st.recursive(
-    SCALARS,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts(6), inner, max_size=3),
-    max_leaves=6,
-)
-DEEP: Final = '"\\u0000DEEP\\u0000"'  # the placeholder, as json.dumps writes it
-
-
-def nasty_for(value: Any) -> st.SearchStrategy[Any]:
-    """Wrong values for a member that holds ``value`` now."""
-    kind: list[Any]
-    if isinstance(value, str) and value.isdigit():
-        kind = _BAD_DECIMALS
-    elif isinstance(value, str):
-        kind = _BAD_TEXTS
-    elif isinstance(value, int | float):
-        kind = _BAD_NUMBERS
-    else:
-        kind = _BAD_CONTAINERS
-    return st.sampled_from(kind).map(copy.deepcopy) | NASTY
-
-
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every member of ``value`` (dict keys, list indexes, at any depth) as a path."""
-    if isinstance(value, dict):
-        members: list[tuple[Any, Any]] = list(value.items())
-    elif isinstance(value, list):
-        members = list(enumerate(value))
-    else:
-        return []
-    found: list[tuple[Any, ...]] = []
-    for key, member in members:
-        found.append((*prefix, key))
-        found.extend(_paths(member, (*prefix, key)))
-    return found
-
-
-@st.composite
-def corrupted(draw: st.DrawFn, doc: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` with one or two members dropped, replaced, or joined by an extra one."""
-    doc = copy.deepcopy(doc)
-    for _ in range(draw(st.integers(1, 2))):
-        paths = _paths(doc)
-        if not paths:
-            break
-        path = draw(st.sampled_from(paths))
-        parent: Any = doc
-        for key in path[:-1]:
-            parent = parent[key]
-        op = draw(st.sampled_from(("nasty", "nasty", "nasty", "random", "drop", "extra")))
-        if op == "drop":
-            del parent[path[-1]]
-        elif op == "extra" and isinstance(parent, dict):
-            parent[draw(texts(8))] = draw(NASTY | JSON_VALUES)
-        elif op == "nasty":
-            parent[path[-1]] = draw(nasty_for(parent[path[-1]]))
-        else:
-            parent[path[-1]] = draw(JSON_VALUES)
-    return doc
+#: Wrong values: the shared ones, the plain-text separator, a channel id with a NUL, frame
+#: sizes that are not whole samples, around the 65,500-byte message limit, or strings.
+BAD: Final = BadValues(texts=["a:b", ":", "1.1\x00"], numbers=[1, 3, 65_500, 65_502, "160"])
 
 
 @st.composite
@@ -331,7 +207,7 @@ def corrupted_tokens(draw: st.DrawFn, tokens: list[str]) -> list[str]:
         op = draw(st.sampled_from(("value", "value", "value", "token", "drop", "extra")))
         if op == "extra" or not tokens:
             key = draw(st.sampled_from(["channel_id", "digit", "format", "x"]) | texts(6))
-            value = draw(nasty_for("1") | nasty_for("x") | texts(8))
+            value = draw(BAD.nasty_for("1") | BAD.nasty_for("x") | texts(8))
             tokens.insert(draw(st.integers(0, len(tokens))), f"{key}:{value}")
             continue
         at = draw(st.integers(0, len(tokens) - 1))
@@ -339,15 +215,10 @@ def corrupted_tokens(draw: st.DrawFn, tokens: list[str]) -> list[str]:
         if op == "drop":
             del tokens[at]
         elif op == "token":
-            tokens[at] = str(draw(nasty_for(tokens[at])))
+            tokens[at] = str(draw(BAD.nasty_for(tokens[at])))
         else:
-            tokens[at] = f"{key}{colon}{draw(nasty_for(value) | texts(8))}"
+            tokens[at] = f"{key}{colon}{draw(BAD.nasty_for(value) | texts(8))}"
     return tokens
-
-
-def _dumps(value: Any, ensure_ascii: bool, depth: int) -> str:
-    # json.dumps writes "\x00" as "\u0000" whether or not it escapes non-ASCII
-    return json.dumps(value, ensure_ascii=ensure_ascii).replace(DEEP, "[" * depth + "]" * depth)
 
 
 @st.composite
@@ -365,41 +236,25 @@ def structured(draw: st.DrawFn, fmt: ControlFormat, event: str | None = None) ->
     if fmt is JSON:
         doc = as_json(name, params)
         if how == "corrupt":
-            doc = draw(corrupted(doc))
-        text = _dumps(doc, draw(st.booleans()), draw(st.integers(1, 6000)))
+            doc = draw(corrupted(doc, BAD))
+        text = draw(serialized(doc))
     else:
         if how == "corrupt":
             tokens = draw(corrupted_tokens(tokens))
         separator = draw(st.sampled_from((" ",) * 6 + ("  ", "\t", "\n", "\r\n")))
         text = separator.join([name, *tokens])
-    damage = draw(st.sampled_from(("none",) * 6 + ("cut", "poke", "pad")))
-    if damage == "cut":
-        text = text[: draw(st.integers(0, len(text)))]
-    elif damage == "poke":
-        at = draw(st.integers(0, len(text)))
-        text = text[:at] + draw(texts(3)) + text[at + 1 :]
-    elif damage == "pad":
-        text = (
-            draw(st.sampled_from([" ", "\n", "\ufeff", "\x00"])) * draw(st.integers(1, 70_000))
-            + text
-        )
-    return text
+    return draw(damaged(text))
 
 
-#: Raw text: random characters, random bytes decoded every way a broken transport might,
-#: deep nesting, one huge line.
-RAW: Final[st.SearchStrategy[str]] = st.one_of(
-    texts(200),
-    st.binary(max_size=200).map(lambda b: b.decode("utf-8", "surrogateescape")),
-    st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
-    st.integers(1, 6000).map(lambda n: "{" * n),
-    st.integers(1, 6000).map(lambda n: '{"event":' * n),
-    st.integers(1, 6000).map(
-        lambda n: '{"event":"MEDIA_START","channel_variables":' + "[" * n + "]" * n + "}"
-    ),
-    st.integers(1, 20_000).map(lambda n: "STATUS " + "a:b " * n),
-    st.integers(1, 70_000).map(lambda n: "MEDIA_MARK_PROCESSED " + "x" * n),
-    st.sampled_from(["", " ", "null", "[]", "{}", "1", '"MEDIA_XON"', "NaN", "MEDIA_START"]),
+#: Raw text (see :func:`~tests.telephony.fuzzing.raw_texts`), deep nesting inside
+#: ``channel_variables``, and one huge line.
+RAW: Final = raw_texts(
+    words=['"MEDIA_XON"', "MEDIA_START"],
+    nested_in='{"event":"MEDIA_START","channel_variables":',
+    extras=[
+        st.integers(1, 20_000).map(lambda n: "STATUS " + "a:b " * n),
+        st.integers(1, 70_000).map(lambda n: "MEDIA_MARK_PROCESSED " + "x" * n),
+    ],
 )
 
 #: BINARY frames: small, whole and partial samples, and around the 65,500-byte limit.
@@ -582,8 +437,7 @@ class Checked:
             assert before not in (AsteriskState.FAILED, AsteriskState.CLOSED)
             assert exc.code in PROTOCOL_CODES, exc
             assert conn.state is AsteriskState.FAILED
-            assert len(exc.message) <= MAX_ERROR_CHARS, exc.code
-            assert exc.message.isprintable(), exc  # one log line: input quoted with repr
+            assert_loggable(exc.message, exc.code)
             if exc.code is AsteriskErrorCode.UNKNOWN_MARK:
                 assert conn.pending_marks == pending
             return

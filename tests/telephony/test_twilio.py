@@ -298,6 +298,43 @@ def test_dtmf_documented_example() -> None:
     ]
 
 
+def dtmf_with_digit(digit: Any) -> str:
+    """The page's "DTMF message", byte for byte, but for its ``digit``."""
+    head, documented, tail = DOC_DTMF.partition('"digit": "1"')
+    assert documented
+    return f'{head}"digit": {json.dumps(digit)}{tail}'
+
+
+@pytest.mark.parametrize("digit", list("0123456789*#ABCD"))
+def test_dtmf_every_number_pad_digit_is_accepted(digit: str) -> None:
+    # DTMF's 16 tones, RFC 4733 telephone-events 0-15
+    assert streaming().receive_text(dtmf_with_digit(digit)) == [
+        TwilioDtmf(sequence_number=5, stream_sid=SID, track="inbound_track", digit=digit)
+    ]
+
+
+@pytest.mark.parametrize(
+    "digit",
+    [
+        *["", "12", "x", "a", "E", " ", "1 ", "١", "\x00", "\u200b", 1, None],
+        pytest.param("x" * 10_000, id="x*10000"),
+    ],
+)
+def test_dtmf_digit_other_than_one_number_pad_digit_is_invalid_field(digit: Any) -> None:
+    conn = streaming()
+    with pytest.raises(TwilioProtocolError) as info:
+        conn.receive_text(dtmf_with_digit(digit))
+    assert info.value.code is TwilioErrorCode.INVALID_FIELD
+    assert "dtmf.digit" in info.value.message
+    assert conn.state is TwilioState.FAILED
+
+
+def test_dtmf_invalid_digit_message_quotes_at_most_64_characters() -> None:
+    with pytest.raises(TwilioProtocolError) as info:
+        streaming().receive_text(dtmf_with_digit("x" * 10_000))
+    assert info.value.message == f"dtmf.digit {'x' * 64!r}... is not one of 0-9, *, #, A-D"
+
+
 def test_mark_documented_example_echoes_a_sent_mark() -> None:
     conn = streaming()
     conn.send_mark("my label")

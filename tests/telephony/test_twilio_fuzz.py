@@ -24,13 +24,12 @@ Deterministic (``derandomize=True``) and bounded by ``max_examples``: a few seco
 from __future__ import annotations
 
 import base64
-import copy
 import json
 from dataclasses import dataclass
 from typing import Any, Final
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from telephony.limits import call_id_problem
@@ -51,20 +50,23 @@ from telephony.twilio import (
     TwilioStop,
     TwilioUsageError,
 )
-
-FUZZ: Final = settings(
-    max_examples=250,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+from tests.telephony.fuzzing import (
+    FUZZ,
+    BadValues,
+    assert_loggable,
+    corrupted,
+    damaged,
+    mutated,
+    raw_texts,
+    serialized,
+    texts,
 )
 
 SID: Final = "MZ" + "0123456789abcdef" * 2
 ACCOUNT: Final = "AC" + "0123456789abcdef" * 2
 CALL: Final = "CA" + "0123456789abcdef" * 2
 MARK_NAMES: Final = ("m1", "m2", "m3", "my label")
-MAX_ERROR_CHARS: Final = 1024  # "stay short": messages quote at most 64 input characters
+DTMF_DIGITS: Final = frozenset("0123456789*#ABCD")  # RFC 4733 telephone-events 0-15
 
 EVENT_NAMES: Final[dict[type[Any], str]] = {
     TwilioConnected: "connected",
@@ -148,159 +150,8 @@ def _templates(mark_name: str) -> dict[str, dict[str, Any]]:
 
 # --------------------------------------------------------------------------- strategies
 
-#: Any character, lone surrogates included, and the ones that matter to JSON and to ids.
-CHARS: Final = (
-    st.characters()
-    | st.characters(categories=["Cs"])
-    | st.sampled_from(list('\x00\t\n\r \x7f\x85\xa0\u2028\u200b\ufeff{}[]:,"\\é问😀'))
-)
-
-
-def texts(max_size: int) -> st.SearchStrategy[str]:
-    return st.text(CHARS, max_size=max_size)
-
-
-#: Values that are wrong in interesting ways, by the kind of value they replace, so a
-#: corrupted member is mostly wrong in a way its parser must notice: decimal strings too
-#: long for int() (4,300 digits), not ASCII, negative; ids around the 128-character bound,
-#: with control, space, format or surrogate characters; numbers out of every range; a
-#: placeholder that becomes deep nesting.
-_BAD_DECIMALS: Final[list[Any]] = [
-    "",
-    "-1",
-    "+1",
-    " 1",
-    "1.5",
-    "٣",
-    "0" * 25,
-    "9" * 21,
-    "9" * 4_301,
-    "9" * 9_000,
-]
-_BAD_TEXTS: Final[list[Any]] = [
-    "",
-    " ",
-    "a b",
-    "\t",
-    "CA\x00",
-    "\x7f",
-    "\u2028",
-    "\ud800",
-    "\u200b",
-    "\xa0",
-    "问候",
-    "x" * 128,
-    "x" * 129,
-    "x" * 10_000,
-    "x" * 70_000,
-]
-_BAD_NUMBERS: Final[list[Any]] = [
-    2**64,
-    2**63,
-    -(2**63) - 1,
-    -1,
-    0,
-    1e308,
-    float("nan"),
-    True,
-    None,
-    "8000",
-]
-_BAD_CONTAINERS: Final[list[Any]] = [[], {}, [[[]]], {"": None}, "\x00DEEP\x00"]
-NASTY: Final[st.SearchStrategy[Any]] = st.sampled_from(
-    _BAD_DECIMALS + _BAD_TEXTS + _BAD_NUMBERS + _BAD_CONTAINERS
-).map(copy.deepcopy)  # a fresh [] each time: corrupted() may mutate it
-
-
-def nasty_for(value: Any) -> st.SearchStrategy[Any]:
-    """Wrong values for a member that holds ``value`` now."""
-    kind: list[Any]
-    if isinstance(value, str) and value.isdigit():
-        kind = _BAD_DECIMALS
-    elif isinstance(value, str):
-        kind = _BAD_TEXTS
-    elif isinstance(value, int | float):
-        kind = _BAD_NUMBERS
-    else:
-        kind = _BAD_CONTAINERS
-    return st.sampled_from(kind).map(copy.deepcopy) | NASTY
-
-
-SCALARS: Final[st.SearchStrategy[Any]] = (
-    st.none() | st.booleans() | st.integers() | st.floats() | texts(12)
-)
-JSON_VALUES: Final[st.SearchStrategy[Any]] = st.recursive(
-    SCALARS,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts(6), inner, max_size=3),
-    max_leaves=6,
-)
-DEEP: Final = '"\\u0000DEEP\\u0000"'  # DEEP placeholder, as json.dumps writes it
-
-
-@st.composite
-def mutated(draw: st.DrawFn, value: Any) -> Any:
-    """``value`` with members kept, dropped, replaced or mutated recursively."""
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, member in value.items():
-            op = draw(st.sampled_from(("keep",) * 6 + ("mutate", "drop", "replace")))
-            if op == "keep":
-                out[key] = member
-            elif op == "mutate":
-                out[key] = draw(mutated(member))
-            elif op == "replace":
-                out[key] = draw(NASTY | JSON_VALUES)
-        for key in draw(st.lists(texts(8) | st.sampled_from(list(value)), max_size=2)):
-            out[key] = draw(NASTY | JSON_VALUES)
-        return out
-    if isinstance(value, list):
-        return [draw(mutated(v)) for v in value] + draw(st.lists(NASTY, max_size=2))
-    return draw(NASTY | JSON_VALUES | st.just(value))
-
-
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every member of ``value`` (dict keys, list indexes, at any depth) as a path."""
-    if isinstance(value, dict):
-        members: list[tuple[Any, Any]] = list(value.items())
-    elif isinstance(value, list):
-        members = list(enumerate(value))
-    else:
-        return []
-    found: list[tuple[Any, ...]] = []
-    for key, member in members:
-        found.append((*prefix, key))
-        found.extend(_paths(member, (*prefix, key)))
-    return found
-
-
-@st.composite
-def corrupted(draw: st.DrawFn, doc: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` with one or two members dropped, replaced, or joined by an extra one."""
-    doc = copy.deepcopy(doc)
-    for _ in range(draw(st.integers(1, 2))):
-        paths = _paths(doc)
-        if not paths:
-            break
-        path = draw(st.sampled_from(paths))
-        parent: Any = doc
-        for key in path[:-1]:
-            parent = parent[key]
-        op = draw(st.sampled_from(("nasty", "nasty", "nasty", "random", "drop", "extra")))
-        if op == "drop":
-            del parent[path[-1]]
-        elif op == "extra" and isinstance(parent, dict):
-            parent[draw(texts(8))] = draw(NASTY | JSON_VALUES)
-        elif op == "nasty":
-            parent[path[-1]] = draw(nasty_for(parent[path[-1]]))
-        else:
-            parent[path[-1]] = draw(JSON_VALUES)
-    return doc
-
-
-def _dumps(value: Any, ensure_ascii: bool, depth: int) -> str:
-    # json.dumps writes "\x00" as "\u0000" whether or not it escapes non-ASCII
-    return json.dumps(value, ensure_ascii=ensure_ascii).replace(DEEP, "[" * depth + "]" * depth)
-
+#: Wrong values: the shared ones, a sid prefix with a NUL, the sample rate as a string.
+BAD: Final = BadValues(texts=["CA\x00"], numbers=["8000"])
 
 EVENTS: Final = ("connected", "start", "media", "dtmf", "mark", "stop")
 
@@ -313,37 +164,16 @@ def structured(draw: st.DrawFn, event: str | None = None) -> str:
     doc: Any = templates[event or draw(st.sampled_from(EVENTS))]
     how = draw(st.sampled_from(("corrupt", "corrupt", "corrupt", "valid", "wild", "rename")))
     if how == "corrupt":
-        doc = draw(corrupted(doc))
+        doc = draw(corrupted(doc, BAD))
     elif how == "wild":
-        doc = draw(mutated(doc))
+        doc = draw(mutated(doc, BAD))
     elif how == "rename":
         doc = {**doc, "event": draw(st.sampled_from(["clear", "Connected", "", *EVENTS]))}
-    text = _dumps(doc, draw(st.booleans()), draw(st.integers(1, 6000)))
-    damage = draw(st.sampled_from(("none",) * 6 + ("cut", "poke", "pad")))
-    if damage == "cut":
-        text = text[: draw(st.integers(0, len(text)))]
-    elif damage == "poke":
-        at = draw(st.integers(0, len(text)))
-        text = text[:at] + draw(texts(3)) + text[at + 1 :]
-    elif damage == "pad":
-        text = (
-            draw(st.sampled_from([" ", "\n", "\ufeff", "\x00"])) * draw(st.integers(1, 70_000))
-            + text
-        )
-    return text
+    return draw(damaged(draw(serialized(doc))))
 
 
-#: Raw text: random characters, random bytes decoded every way a broken transport might,
-#: and deep nesting on its own.
-RAW: Final[st.SearchStrategy[str]] = st.one_of(
-    texts(200),
-    st.binary(max_size=200).map(lambda b: b.decode("utf-8", "surrogateescape")),
-    st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
-    st.integers(1, 6000).map(lambda n: "[" * n),
-    st.integers(1, 6000).map(lambda n: '{"event":' * n),
-    st.integers(1, 6000).map(lambda n: '{"event":"start","start":' + "[" * n + "]" * n + "}"),
-    st.sampled_from(["", " ", "null", "[]", "{}", "1", '"connected"', "NaN", "{" * 3]),
-)
+#: Raw text (see :func:`~tests.telephony.fuzzing.raw_texts`), deep nesting inside ``start``.
+RAW: Final = raw_texts(words=['"connected"'], nested_in='{"event":"start","start":')
 
 
 @dataclass(frozen=True)
@@ -451,8 +281,7 @@ class Checked:
             assert before is not TwilioState.FAILED
             assert exc.code in PROTOCOL_CODES, exc
             assert conn.state is TwilioState.FAILED
-            assert len(exc.message) <= MAX_ERROR_CHARS, exc.code
-            assert exc.message.isprintable(), exc  # one log line: input quoted with repr
+            assert_loggable(exc.message, exc.code)
             return
         except TwilioUsageError as exc:
             assert before is TwilioState.FAILED
@@ -481,7 +310,7 @@ class Checked:
             assert min(event.sequence_number, event.chunk, event.timestamp) >= 0
         elif isinstance(event, TwilioDtmf):
             assert event.stream_sid == conn.stream_sid
-            assert isinstance(event.digit, str) and event.digit
+            assert event.digit in DTMF_DIGITS  # one character: the number pad, and A-D
         elif isinstance(event, TwilioMark):
             assert event.stream_sid == conn.stream_sid
             index = [name for name, _ in self.marks].index(event.name)  # oldest first
