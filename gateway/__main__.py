@@ -151,7 +151,7 @@ async def _serve_until_signalled(
         await stop.wait()
         log.info("shutting down: no new connections (a second signal skips the drain)")
         await site.stop()
-        drain = asyncio.create_task(app[STATE_KEY].drain(settings.drain_timeout_s))
+        drain = asyncio.create_task(app[STATE_KEY].connections.drain(settings.drain_timeout_s))
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, drain.cancel)
         with contextlib.suppress(asyncio.CancelledError):

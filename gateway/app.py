@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
@@ -11,19 +10,14 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.admission_gate import AdmissionGate
 from gateway.auth import TokenVerifier, redact_query
 from gateway.config import GatewaySettings
 from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
 from gateway.errors import ErrorCode
-from gateway.leases import LeaseSettings, TenantLeases
-from gateway.metrics import GatewayMetrics
-from gateway.pacer import Pacer
 from gateway.protocols import PROTOCOLS
 from gateway.state import STATE_KEY, GatewayState
 from gateway.voices import api as voices_api
 from gateway.voices.reference_audio import MAX_UPLOAD_BYTES
-from gateway.voices.registry import VoiceRegistry
 from gateway.voices.store import FileVoiceStore, RedisVoiceStore, VoiceStore
 from gateway.voices.upload_worker import UploadWorkers
 
@@ -54,14 +48,15 @@ async def healthz(_request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    supervisor = state.supervisor
-    ready = supervisor.ready and not state.draining
+    supervisor = state.engine.supervisor
+    draining = state.connections.draining
+    ready = supervisor.ready and not draining
     client = supervisor.client
     # Probes are unauthenticated: they say whether to send traffic here, nothing internal
     # (process ids, restart counts and the rest are in /metrics and the log).
     body = {
         "ready": ready,
-        "draining": state.draining,
+        "draining": draining,
         "vad_ready": bool(
             supervisor.ready
             and client
@@ -74,8 +69,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    state.metrics.engine_ready.set(1 if state.supervisor.ready else 0)
-    state.refresh_engine_gauges()
+    state.engine.refresh_gauges()
     body = generate_latest(state.metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -88,7 +82,6 @@ async def index(request: web.Request) -> web.StreamResponse:
 
 
 def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None) -> web.Application:
-    metrics = GatewayMetrics()
     supervisor = EngineSupervisor(
         SupervisorSettings(
             socket_path=settings.engine_socket,
@@ -109,38 +102,9 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
         if redis_client
         else FileVoiceStore(settings.voice_dir)
     )
-    state: GatewayState
-    registry = VoiceRegistry(
-        store,
-        engine=lambda: state.engine_client(),
-        backend=lambda: state.backend,
-        metrics=metrics,
-        l1_size=settings.voice_cache_size,
+    state = GatewayState.create(
+        settings, supervisor=supervisor, store=store, redis=redis_client, verifier=verifier
     )
-    leases = TenantLeases(
-        redis_client,
-        LeaseSettings(
-            lease_s=settings.lease_s,
-            renew_every_s=settings.lease_renew_s,
-            policy="fail-closed" if settings.lease_policy == "fail-closed" else "fail-open",
-            key_prefix=settings.redis_prefix,
-        ),
-        instance_id=uuid.uuid4().hex,
-        on_store_error=lambda op: state.on_lease_store_error(op),
-        on_lost=lambda lease: state.on_lease_lost(lease),
-    )
-    state = GatewayState(
-        settings=settings,
-        registry=registry,
-        leases=leases,
-        verifier=verifier or TokenVerifier.from_settings(settings.auth),
-        metrics=metrics,
-        pacer=Pacer(metrics, tick_s=settings.tick_s),
-        supervisor=supervisor,
-        gate=AdmissionGate(settings.admission, metrics),
-    )
-    supervisor.on_ready = state.on_engine_ready
-    supervisor.on_lost = state.on_engine_lost
 
     app = web.Application(client_max_size=MAX_UPLOAD_BYTES + 256 * 1024)
     app[STATE_KEY] = state
@@ -150,11 +114,11 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         state.pacer.start()
         state.gate.start()
-        await leases.start()
+        await state.limits.start()
         await supervisor.start()
         yield
-        await state.close()
-        await leases.stop()
+        await state.connections.close()
+        await state.limits.stop()
         await supervisor.stop()
         await state.gate.stop()
         await state.pacer.stop()

@@ -17,7 +17,6 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.errors import CloseCode, ProtocolViolation, vendor_code
 from gateway.protocols.base import serve
 from gateway.protocols.telephony import TelephonyLeg
 from telephony.asterisk import (
@@ -86,9 +85,7 @@ class AsteriskLeg(TelephonyLeg):
         try:
             events = self._core.receive_bytes(data)
         except AsteriskError as exc:
-            raise ProtocolViolation(
-                vendor_code(self.protocol, exc.code), str(exc), CloseCode.POLICY
-            ) from None
+            raise self.vendor_error(exc) from None
         for event in events:
             if isinstance(event, MediaReceived) and self.session.started:
                 self.session.feed_caller_audio(event.payload)
@@ -97,9 +94,7 @@ class AsteriskLeg(TelephonyLeg):
         try:
             events = self._core.receive_text(text)
         except AsteriskError as exc:
-            raise ProtocolViolation(
-                vendor_code(self.protocol, exc.code), str(exc), CloseCode.POLICY
-            ) from None
+            raise self.vendor_error(exc) from None
         for event in events:
             if isinstance(event, MediaStart):
                 self._writer.send_text(self._core.answer())

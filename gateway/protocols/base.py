@@ -66,13 +66,13 @@ class Connection(abc.ABC):
         self.principal: Principal | None = None
         self.session = Session(
             peer=self,
-            engine=state.engine_client,
+            engine=state.engine.client,
             pacer=state.pacer,
             metrics=state.metrics,
             limits=state.session_limits(),
             protocol=self.protocol,
             gate=state.gate,
-            leases=state,
+            leases=state.limits,
         )
         self.peer_log = PeerLog(log, f"{self.protocol} {self.session.id}")
         self._violations = 0
@@ -131,13 +131,9 @@ class Connection(abc.ABC):
     def authenticate(self, token: str | None) -> Principal:
         """Verify ``token`` for this connection's session. Raises :class:`SessionError`
         (the auth code, 1008); counts and logs the failure without the token."""
-        state = self._state
         try:
-            if not token:
-                raise AuthError("token_missing", "no bearer token or access_token parameter")
-            principal = state.verifier.verify(token, SCOPE)
+            principal = self._state.verify(token, SCOPE)
         except AuthError as exc:
-            state.metrics.auth_failures.labels(code=exc.code).inc()
             self.peer_log.info("auth failed: %s", exc.code)
             raise SessionError(ErrorCode(exc.code), exc.message, CloseCode.POLICY) from None
         self.principal = principal
@@ -168,7 +164,7 @@ class Connection(abc.ABC):
         metrics = state.metrics
         metrics.sessions_active.labels(protocol=self.protocol).inc()
         metrics.sessions_total.labels(protocol=self.protocol).inc()
-        state.track(session)
+        state.connections.track(session)
         receiver = asyncio.create_task(self._receive(), name=f"{self.protocol}-recv-{session.id}")
         try:
             waits: list[asyncio.Future[Any]] = [receiver, session.done]
@@ -194,7 +190,7 @@ class Connection(abc.ABC):
             receiver.cancel()
             self._writer.closed = True
             teardown = asyncio.ensure_future(self._teardown(receiver))
-            state.own(teardown)  # finishes even if this handler is cancelled meanwhile
+            state.connections.own(teardown)  # finishes even if this handler is cancelled meanwhile
             await asyncio.shield(teardown)
 
     async def _teardown(self, receiver: asyncio.Task[None]) -> None:
@@ -202,7 +198,7 @@ class Connection(abc.ABC):
         if not receiver.cancelled() and receiver.exception() is not None:
             pass  # logged above when it ended the session; retrieved here either way
         await self._release("connection closed")
-        self._state.untrack(self.session)
+        self._state.connections.untrack(self.session)
         self._state.metrics.sessions_active.labels(protocol=self.protocol).dec()
 
     async def _release(self, reason: str) -> None:

@@ -17,11 +17,12 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Mapping
+from typing import Protocol
 
 from aiohttp import web
 
 from gateway.calls import Call, CallIdInUse
-from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError
+from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError, vendor_code
 from gateway.events import (
     CallEnded,
     CallStarted,
@@ -45,6 +46,13 @@ MAX_SAY_CHARS = 2000
 #: marks (or stops playing) would otherwise make this grow for the whole call; beyond it,
 #: a new mark is not sent and the application gets ``mark_backlog_full`` naming it.
 MAX_PENDING_VENDOR_MARKS = 256
+
+
+class VendorProtocolError(Protocol):
+    """What the vendor cores raise on bad input (TwilioError, AsteriskError)."""
+
+    @property
+    def code(self) -> str: ...
 
 
 class TelephonyLeg(Connection):
@@ -144,6 +152,11 @@ class TelephonyLeg(Connection):
         """An utterance's last frame was sent (vendors that hold partial frames flush)."""
 
     # --- helpers for subclasses ---------------------------------------------------------
+
+    def vendor_error(self, exc: VendorProtocolError) -> ProtocolViolation:
+        """A vendor core's protocol error as the leg's error: ``<protocol>_<code>``,
+        closing the leg (1008)."""
+        return ProtocolViolation(vendor_code(self.protocol, exc.code), str(exc), CloseCode.POLICY)
 
     def vendor_mark_done(self, vendor_id: str, *, cleared: bool) -> None:
         name = self._vendor_marks.pop(vendor_id, None)

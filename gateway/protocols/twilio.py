@@ -70,9 +70,7 @@ class TwilioLeg(TelephonyLeg):
         try:
             events = self._core.receive_text(text)
         except TwilioError as exc:
-            raise ProtocolViolation(
-                vendor_code(self.protocol, exc.code), str(exc), CloseCode.POLICY
-            ) from None
+            raise self.vendor_error(exc) from None
         for event in events:
             if isinstance(event, TwilioMedia):
                 if event.track in ("inbound", "inbound_track") and self.session.started:

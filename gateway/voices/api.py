@@ -28,7 +28,7 @@ from aiohttp import BodyPartReader, HttpVersion11, MultipartReader, StreamReader
 from aiohttp.http_exceptions import HttpProcessingError
 
 from engine.ipc.schema import VoiceInfo
-from gateway.auth import AuthError, Principal
+from gateway.auth import AuthError, Principal, token_from_request
 from gateway.errors import ErrorCode
 from gateway.state import STATE_KEY, GatewayState
 from gateway.voices.reference_audio import MAX_UPLOAD_BYTES, ReferenceAudioError
@@ -75,9 +75,10 @@ def record_json(record: VoiceRecord) -> dict[str, Any]:
 
 def _auth(state: GatewayState, request: web.Request, scope: str) -> Principal | web.Response:
     try:
-        return state.authenticate(request, scope)
+        return state.verify(token_from_request(request.headers, request.query), scope)
     except AuthError as exc:
-        return _error(exc.http_status, exc.code, exc.message)
+        log.info("auth failed on %s: %s", request.path, exc.code)
+        return _error(exc.http_status, ErrorCode(exc.code), exc.message)
 
 
 async def list_voices(request: web.Request) -> web.Response:
@@ -85,9 +86,9 @@ async def list_voices(request: web.Request) -> web.Response:
     who = _auth(state, request, READ_SCOPE)
     if isinstance(who, web.Response):
         return who
-    if not state.voices:
+    if not state.engine.voices:
         return _error(503, ErrorCode.ENGINE_UNAVAILABLE, "the TTS engine is not ready")
-    voices = [builtin_json(v) for v in state.voices]
+    voices = [builtin_json(v) for v in state.engine.voices]
     try:
         voices += [record_json(r) for r in await state.registry.list(who.tenant)]
     except VoiceError as exc:
@@ -101,7 +102,7 @@ async def get_voice(request: web.Request) -> web.Response:
     if isinstance(who, web.Response):
         return who
     voice_id = request.match_info["voice_id"]
-    builtin = next((v for v in state.voices if v.id == voice_id), None)
+    builtin = next((v for v in state.engine.voices if v.id == voice_id), None)
     if builtin is not None:
         return web.json_response(builtin_json(builtin))
     try:

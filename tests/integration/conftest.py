@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import GatewayProcess, NativeClient
+from tests.integration.harness import GatewayProcess, NativeClient, RedisServer
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
@@ -18,6 +19,17 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
     gw.start()
     yield gw
     gw.stop()
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real redis-server on a free port for the module (tests may stop and restart it)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server")
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
 
 
 Connect = Callable[..., Awaitable[NativeClient]]

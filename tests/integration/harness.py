@@ -137,6 +137,43 @@ class GatewayProcess:
             self._log.close()
 
 
+class RedisServer:
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self._workdir)],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        for _ in range(100):
+            probe = subprocess.run(
+                ["redis-cli", "-p", str(self.port), "ping"], capture_output=True, check=False
+            )
+            if probe.stdout.strip() == b"PONG":
+                return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+    def keys(self, pattern: str) -> list[str]:
+        out = subprocess.run(
+            ["redis-cli", "-p", str(self.port), "--scan", "--pattern", pattern],
+            capture_output=True,
+            check=True,
+        ).stdout
+        return [k for k in out.decode().split("\n") if k]
+
+
 @dataclass
 class Received:
     frames: list[tuple[float, bytes]] = field(default_factory=list)

@@ -22,23 +22,14 @@ import jwt
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.harness import SECRET, GatewayProcess, NativeClient
+from tests.integration.harness import SECRET, GatewayProcess, NativeClient, RedisServer
 from tests.integration.telephony_peers import AsteriskPeer, TwilioPeer, attach, leg_url
-from tests.integration.test_voices import RedisServer, pytestmark  # noqa: F401
 
 START_TIMEOUT_S = 2
 HANDSHAKE_TIMEOUT_S = 2
 LEEWAY_S = 1
 SLOTS = 4
 NESTED = '{"type":"speak","text":"hi","x":' + "[" * 1000 + "]" * 1000 + "}"
-
-
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

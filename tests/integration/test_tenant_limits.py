@@ -14,8 +14,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.harness import GatewayProcess, NativeClient
-from tests.integration.test_voices import RedisServer, pytestmark  # noqa: F401
+from tests.integration.harness import GatewayProcess, NativeClient, RedisServer
 
 LEASE_MS = 1500
 

@@ -9,10 +9,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import shutil
-import subprocess
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,54 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.voice_profile import estimate_f0
 from tests.integration.caller_audio import espeak_reference, wav_bytes
-from tests.integration.harness import GatewayProcess, NativeClient, free_port
+from tests.integration.harness import GatewayProcess, NativeClient, RedisServer
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server")
-
-
-class RedisServer:
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self._workdir)],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        for _ in range(100):
-            probe = subprocess.run(
-                ["redis-cli", "-p", str(self.port), "ping"], capture_output=True, check=False
-            )
-            if probe.stdout.strip() == b"PONG":
-                return
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
-
-    def keys(self, pattern: str) -> list[str]:
-        out = subprocess.run(
-            ["redis-cli", "-p", str(self.port), "--scan", "--pattern", pattern],
-            capture_output=True,
-            check=True,
-        ).stdout
-        return [k for k in out.decode().split("\n") if k]
-
-
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

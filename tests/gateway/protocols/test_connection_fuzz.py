@@ -30,20 +30,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.ipc.ring import SpscRing
-from gateway.admission_gate import AdmissionGate
-from gateway.auth import AuthSettings, TokenVerifier, mint_token
+from gateway.auth import AuthSettings, mint_token
 from gateway.config import GatewaySettings
 from gateway.errors import CloseCode
-from gateway.leases import LeaseSettings, TenantLeases
-from gateway.metrics import GatewayMetrics
-from gateway.pacer import Pacer
 from gateway.protocols.asterisk import AsteriskLeg
 from gateway.protocols.base import Connection
 from gateway.protocols.native import NativeConnection
 from gateway.protocols.twilio import TwilioLeg
 from gateway.session import Session, SessionState
 from gateway.state import GatewayState
-from gateway.voices.registry import VoiceRegistry
 from gateway.voices.store import FileVoiceStore
 from gateway.wsframe import FrameWriter
 
@@ -147,24 +142,11 @@ class FakeRequest:
 def make_state(tmp: Path) -> tuple[GatewayState, FakeEngine]:
     auth = AuthSettings(secret=SECRET, public_key_path=None, audience=None, issuer=None)
     gateway_settings = GatewaySettings(auth=auth, max_protocol_errors=5, start_timeout_s=5)
-    metrics = GatewayMetrics()
     engine = FakeEngine()
-    state: GatewayState
-    registry = VoiceRegistry(
-        FileVoiceStore(tmp),
-        engine=lambda: state.engine_client(),
-        backend=lambda: None,
-        metrics=metrics,
-    )
-    state = GatewayState(
-        settings=gateway_settings,
-        verifier=TokenVerifier.from_settings(auth),
-        metrics=metrics,
-        pacer=Pacer(metrics),
+    state = GatewayState.create(
+        gateway_settings,
         supervisor=FakeSupervisor(engine),  # type: ignore[arg-type]
-        gate=AdmissionGate(gateway_settings.admission, metrics),
-        registry=registry,
-        leases=TenantLeases(None, LeaseSettings(), instance_id="fuzz"),
+        store=FileVoiceStore(tmp),
     )
     return state, engine
 
@@ -311,17 +293,17 @@ async def drive(
         conn.authenticate(token)
     async with asyncio.timeout(10):
         await conn.run()
-    await state.close()
+    await state.connections.close()
 
     session = conn.session
     assert session.state is SessionState.CLOSED
     assert all(stream.closed >= 1 for stream in engine.streams)
-    assert state.leases.local_count("t") == 0
-    assert not state._lease_of
+    assert state.limits.leases.local_count("t") == 0
+    assert state.limits.held == 0
     assert state.pacer.active_count == 0
     assert state.gate.controller.in_flight == 0 and state.gate.controller.queue_length == 0
     assert len(state.calls) == 0
-    assert not state.live
+    assert not state.connections.live
     assert state.metrics.sessions_active.labels(protocol=conn.protocol)._value.get() == 0
     codes = [json.loads(f[2:] if f[1] < 126 else f[4:])["code"] for f in transport.written
              if f[0] == 0x81 and b'"type":"error"' in f]  # fmt: skip
@@ -384,6 +366,6 @@ async def test_native_boom_is_internal_error(tmp_path: Path, extra: list[dict[st
     await conn.run()
     assert ws.close_code == CloseCode.INTERNAL_ERROR
     assert engine.streams and engine.streams[0].closed == 1
-    assert state.leases.local_count("t") == 0
+    assert state.limits.leases.local_count("t") == 0
     sent = b"".join(transport.written)
     assert b'"code":"internal_error"' in sent and b"RuntimeError" not in sent

@@ -21,17 +21,13 @@ import soundfile as sf  # type: ignore[import-untyped]
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.admission_gate import AdmissionGate
-from gateway.auth import AuthSettings, TokenVerifier, mint_token
+from gateway.auth import AuthSettings, mint_token
 from gateway.config import GatewaySettings
 from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
-from gateway.leases import LeaseSettings, TenantLeases
-from gateway.metrics import GatewayMetrics
-from gateway.pacer import Pacer
 from gateway.state import STATE_KEY, GatewayState
 from gateway.voices import api as voices_api
 from gateway.voices.reference_audio import MAX_UPLOAD_BYTES, ReferenceAudio, ReferenceAudioError
-from gateway.voices.registry import BackendInfo, VoiceRegistry, is_voice_id
+from gateway.voices.registry import BackendInfo, is_voice_id
 from gateway.voices.store import FileVoiceStore
 from gateway.voices.upload_worker import UploadWorkerError, UploadWorkers
 from tests.gateway.voices.test_reference_audio import encode, padded_speech
@@ -95,24 +91,13 @@ def make_app(tmp_path: Path, workers: UploadWorkers, **settings: Any) -> web.App
         voice_dir=tmp_path,
         **settings,
     )
-    metrics = GatewayMetrics()
-    registry = VoiceRegistry(
-        FileVoiceStore(tmp_path / "voices"),
-        engine=lambda: FakeEngine(),  # type: ignore[arg-type,return-value]
-        backend=lambda: BACKEND,
-        metrics=metrics,
-    )
-    state = GatewayState(
-        settings=config,
-        verifier=TokenVerifier.from_settings(config.auth),
-        metrics=metrics,
-        pacer=Pacer(metrics),
+    state = GatewayState.create(
+        config,
         supervisor=EngineSupervisor(SupervisorSettings(socket_path=str(tmp_path / "no-engine"))),
-        gate=AdmissionGate(config.admission, metrics),
-        registry=registry,
-        leases=TenantLeases(None, LeaseSettings(), instance_id="test"),
+        store=FileVoiceStore(tmp_path / "voices"),
     )
-    state.backend = BACKEND
+    state.engine.client = lambda: FakeEngine()  # type: ignore[assignment,method-assign,return-value]
+    state.engine.backend = BACKEND
     app = web.Application()
     app[STATE_KEY] = state
     app[voices_api.UPLOAD_WORKERS_KEY] = workers

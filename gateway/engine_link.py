@@ -1,0 +1,61 @@
+"""What the gateway knows of its engine: the client while it is up, and what its last
+handshake said (voices, backend, text limit), for sessions, the voices API and metrics."""
+
+from __future__ import annotations
+
+from engine.ipc.client import EngineClient, EngineUnavailable
+from engine.ipc.schema import VoiceInfo
+from gateway.engine_supervisor import EngineSupervisor
+from gateway.metrics import GatewayMetrics
+from gateway.voices.registry import BackendInfo
+
+DEFAULT_MAX_TEXT_CHARS = 5000  # until the engine says otherwise
+
+
+class EngineLink:
+    def __init__(self, supervisor: EngineSupervisor, metrics: GatewayMetrics) -> None:
+        self.supervisor = supervisor
+        self._metrics = metrics
+        self.voices: tuple[VoiceInfo, ...] = ()
+        self.backend: BackendInfo | None = None
+        self.max_text_chars = DEFAULT_MAX_TEXT_CHARS
+        supervisor.on_ready = self.on_ready
+        supervisor.on_lost = self.on_lost
+
+    def client(self) -> EngineClient:
+        """The engine's client; raises :class:`EngineUnavailable` while it is down."""
+        client = self.supervisor.client
+        if client is None or client.lost:
+            raise EngineUnavailable("the engine is not ready")
+        return client
+
+    def voice_ids(self) -> frozenset[str]:
+        return frozenset(v.id for v in self.voices)
+
+    def on_ready(self, client: EngineClient) -> None:
+        welcome = client.welcome
+        if welcome is not None:
+            self.voices = welcome.voices
+            self.max_text_chars = welcome.max_text_chars
+            self.backend = BackendInfo(
+                name=welcome.backend,
+                version=welcome.backend_version,
+                cloning=welcome.voice_cloning,
+                voices={v.id: v.language for v in welcome.voices},
+            )
+        self._metrics.engine_ready.set(1)
+
+    def on_lost(self) -> None:
+        self._metrics.engine_ready.set(0)
+        self._metrics.engine_restarts.inc()
+        self._metrics.golden_errors.labels(type="engine_unavailable").inc()
+
+    def refresh_gauges(self) -> None:
+        """Engine readiness and memory from the last heartbeat (pinged every second)."""
+        self._metrics.engine_ready.set(1 if self.supervisor.ready else 0)
+        client = self.supervisor.client
+        pong = client.last_pong if client is not None else None
+        if pong is not None:
+            self._metrics.gpu_memory_used.set(pong.gpu_used_bytes)
+            self._metrics.engine_memory_used.set(pong.memory_used_bytes or pong.rss_bytes)
+            self._metrics.engine_memory_budget.set(pong.memory_budget_bytes)
