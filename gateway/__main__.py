@@ -144,6 +144,7 @@ async def _serve_until_signalled(
             settings.host,
             settings.port,
             max_connections=settings.max_connections,
+            send_stall_s=settings.send_stall_s,
             metrics=app[STATE_KEY].metrics,
         )
         await site.start()

@@ -61,6 +61,7 @@ class GatewaySettings:
     max_connections: int = 4096  # open TCP connections per worker; beyond: 503 and close
     handshake_timeout_s: float = 10.0  # a request head must arrive within this (and idle)
     max_protocol_errors: int = 10  # malformed messages a connection may send before 1008
+    send_stall_s: float = 10.0  # unsent output not shrinking this long: the connection goes
     max_uploads: int = 2  # voice uploads in flight per worker; beyond: 429 retry_after_ms
     upload_workers: int = 1  # processes that decode and normalize uploads
     upload_timeout_s: float = 60.0  # to receive a whole upload body
@@ -100,6 +101,7 @@ class GatewaySettings:
             max_connections=env_int(env, "GATEWAY_MAX_CONNECTIONS", 4096, minimum=1),
             handshake_timeout_s=float(env_int(env, "GATEWAY_HANDSHAKE_TIMEOUT_S", 10, minimum=1)),
             max_protocol_errors=env_int(env, "GATEWAY_MAX_PROTOCOL_ERRORS", 10, minimum=1),
+            send_stall_s=float(env_int(env, "GATEWAY_SEND_STALL_S", 10, minimum=1)),
             max_uploads=env_int(env, "GATEWAY_MAX_UPLOADS", 2, minimum=1),
             upload_workers=env_int(env, "GATEWAY_UPLOAD_WORKERS", 1, minimum=1),
             upload_timeout_s=float(env_int(env, "GATEWAY_UPLOAD_TIMEOUT_S", 60, minimum=1)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Protocol
 
 from gateway.errors import CloseCode, ErrorCode, SessionError
 from gateway.session import Session, SessionState
@@ -25,19 +26,30 @@ def shutting_down() -> SessionError:
     )
 
 
+class Connection(Protocol):
+    """What the drain needs of a connection (gateway/protocols/base.py)."""
+
+    session: Session
+
+    @property
+    def established(self) -> bool:
+        """Started, or attached to a call: past the start phase."""
+        ...
+
+
 class Connections:
     def __init__(self) -> None:
-        self.live: set[Session] = set()  # every connection's session
+        self.live: set[Connection] = set()  # every open connection
         self.draining = False  # shutting down: no new sessions, calls in progress finish
         self._drained = asyncio.Event()
         self._owned: set[asyncio.Future[None]] = set()
 
-    def track(self, session: Session) -> None:
-        """A connection's session exists (from the upgrade until its socket is done)."""
-        self.live.add(session)
+    def track(self, connection: Connection) -> None:
+        """A connection is served (from the upgrade until its teardown is done)."""
+        self.live.add(connection)
 
-    def untrack(self, session: Session) -> None:
-        self.live.discard(session)
+    def untrack(self, connection: Connection) -> None:
+        self.live.discard(connection)
         if not self.live:
             self._drained.set()
 
@@ -55,19 +67,20 @@ class Connections:
     async def drain(self, timeout_s: float) -> int:
         """Graceful shutdown: refuse new sessions, let those in progress finish for up to
         ``timeout_s``, then end the rest with ``shutting_down`` (1013: a client connects
-        again, to another instance). Connections that never started are told at once.
+        again, to another instance). Connections that never started are told at once (an
+        application attached to a call is established: it goes on driving its call).
         Returns how many had to be ended at the timeout."""
         self.draining = True
-        for session in list(self.live):
-            if session.state is SessionState.AWAITING_START:
-                session.fail(shutting_down())
+        for connection in list(self.live):
+            if not connection.established:
+                connection.session.fail(shutting_down())
         log.info("draining: %d session(s) in progress, up to %.0f s", len(self.live), timeout_s)
         if self.live:
             self._drained.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
                     await self._drained.wait()
-        remaining = [s for s in self.live if s.state is not SessionState.CLOSED]
+        remaining = [c.session for c in self.live if c.session.state is not SessionState.CLOSED]
         for session in remaining:
             session.fail(shutting_down())
         if self.live:

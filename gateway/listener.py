@@ -11,12 +11,22 @@
   beyond it a new connection is answered ``503`` with ``Retry-After`` and closed at once,
   before any parsing, and counted in ``gateway_connections_refused_total``.
   ``gateway_connections_open`` shows how many are open.
+- **Write stall.** A connection whose unsent output has not shrunk for
+  ``GATEWAY_SEND_STALL_S`` (the peer reads nothing: not our audio, not a pong, not an
+  HTTP response, not even the close frame) is aborted, so that it cannot hold its
+  session, its engine slot or a place under the cap; counted in
+  ``gateway_connections_aborted_total{reason="write_stall"}``. A closing transport waits
+  for its buffer to drain, so without this a peer that never reads would keep a closed
+  connection open for good.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
+from collections.abc import Callable
 from typing import cast
 
 from aiohttp import web
@@ -45,6 +55,55 @@ class _Refuse(asyncio.Protocol):
         writer.close()
 
 
+STALL_CHECK_S = 1.0
+
+
+class StallWatch:
+    """Aborts transports whose write buffer has been non-empty and not shrinking for
+    ``stall_s`` (checked every :data:`STALL_CHECK_S`)."""
+
+    def __init__(
+        self,
+        transports: Callable[[], list[asyncio.BaseTransport]],
+        stall_s: float,
+        metrics: GatewayMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._transports = transports
+        self._stall_s = stall_s
+        self._metrics = metrics
+        self._clock = clock
+        # transport -> (buffered bytes at the last check, since when it has not shrunk)
+        self._watched: dict[asyncio.BaseTransport, tuple[int, float]] = {}
+
+    def check(self) -> int:
+        """One pass; returns how many transports were aborted."""
+        now = self._clock()
+        watched: dict[asyncio.BaseTransport, tuple[int, float]] = {}
+        aborted = 0
+        for transport in self._transports():
+            writer = cast(asyncio.WriteTransport, transport)
+            size = writer.get_write_buffer_size()
+            if size == 0:
+                continue
+            previous = self._watched.get(transport)
+            since = now if previous is None or size < previous[0] else previous[1]
+            if now - since >= self._stall_s:
+                writer.abort()
+                aborted += 1
+                self._metrics.connections_aborted.labels(reason="write_stall").inc()
+                continue
+            watched[transport] = (size, since)
+        self._watched = watched
+        return aborted
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(STALL_CHECK_S)
+            self.check()
+
+
 class GuardedSite(web.TCPSite):
     """A :class:`aiohttp.web.TCPSite` that refuses connections beyond ``max_connections``."""
 
@@ -55,11 +114,25 @@ class GuardedSite(web.TCPSite):
         port: int,
         *,
         max_connections: int,
+        send_stall_s: float,
         metrics: GatewayMetrics,
     ) -> None:
         super().__init__(runner, host, port)
         self._max_connections = max_connections
         self._metrics = metrics
+        self._stall = StallWatch(self._open_transports, send_stall_s, metrics)
+        self._stall_task: asyncio.Task[None] | None = None
+
+    def _open_transports(self) -> list[asyncio.BaseTransport]:
+        """Every open connection's transport, closing ones included. aiohttp's handler
+        forgets its transport when it closes it (``handler.transport`` is None) while the
+        transport itself waits for its buffer to drain; the server's own table keeps it
+        until the connection is lost, which is exactly what must be watched.
+        (tests/gateway/test_listener.py checks that the table is there.)"""
+        server = self._runner.server
+        if server is None:
+            return []
+        return list(server._connections.values())
 
     def _protocol(self) -> asyncio.BaseProtocol:
         server = self._runner.server
@@ -77,3 +150,12 @@ class GuardedSite(web.TCPSite):
         self._server = await asyncio.get_running_loop().create_server(
             self._protocol, self._host, self._port, backlog=self._backlog
         )
+        self._stall_task = asyncio.create_task(self._stall.run(), name="write-stall-watch")
+
+    async def stop(self) -> None:
+        if self._stall_task is not None:
+            self._stall_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._stall_task
+            self._stall_task = None
+        await super().stop()

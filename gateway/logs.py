@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import re
 
+from gateway.peer_log import RateLimitFilter
+
 REDACTED = "[redacted]"
 
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -44,9 +46,17 @@ class RedactingFormatter(logging.Formatter):
         return redact(super().format(record))
 
 
+#: Loggers that write a line (with a traceback) per malformed request from anyone:
+#: rate-limited, so that bad requests cannot flood the log.
+RATE_LIMITED_LOGGERS = ("aiohttp.server", "aiohttp.web_protocol")
+
+
 def configure(level: str, fmt: str) -> None:
-    """Root logging to stderr at ``level`` through :class:`RedactingFormatter`."""
+    """Root logging to stderr at ``level`` through :class:`RedactingFormatter`; the
+    :data:`RATE_LIMITED_LOGGERS` rate-limited."""
     logging.basicConfig(level=level.upper(), format=fmt)
     formatter = RedactingFormatter(fmt)
     for handler in logging.getLogger().handlers:
         handler.setFormatter(formatter)
+    for name in RATE_LIMITED_LOGGERS:
+        logging.getLogger(name).addFilter(RateLimitFilter())

@@ -53,6 +53,14 @@ class GatewayMetrics:
             registry=r,
         )
         self.connections_refused.labels(reason="limit")
+        self.connections_aborted = Counter(
+            "gateway_connections_aborted_total",
+            "Connections aborted by the gateway, by reason (write_stall: the peer read "
+            "nothing for GATEWAY_SEND_STALL_S).",
+            ["reason"],
+            registry=r,
+        )
+        self.connections_aborted.labels(reason="write_stall")
         self.sessions_total = Counter(
             "gateway_sessions_total",
             "Sessions accepted since start, by protocol.",

@@ -16,6 +16,7 @@ States (the only legal moves are in ``_TRANSITIONS``; each move is logged)::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import logging
@@ -204,21 +205,23 @@ class Session:
     # --- commands from the peer -----------------------------------------------------------
 
     async def start(self, options: StartOptions) -> None:
-        """Open the engine stream and answer ``ready``; raises :class:`SessionError`."""
+        """Open the engine stream and answer ``ready``; raises :class:`SessionError`.
+
+        All or nothing: whatever ends the start (an error, the session being closed
+        meanwhile, the caller being cancelled), the tenant lease and the engine stream
+        it acquired are given back."""
         if self.state is not SessionState.AWAITING_START:
             raise ProtocolViolation(ErrorCode.ALREADY_STARTED, "start was already received")
         self._transition(
             SessionState.STARTING, f"voice={options.voice} format={options.format.name}"
         )
-        if self._leases is not None:
-            try:
-                await self._leases.acquire_lease(self)
-            except SessionError as exc:
-                self._transition(SessionState.CLOSED, exc.code)
-                raise
+        stream: EngineStream | None = None
         try:
+            if self._leases is not None:
+                await self._leases.acquire_lease(self)
+                self._still_starting()
             client = self._engine()
-            self.stream = await client.open_stream(
+            stream = await client.open_stream(
                 voice=options.voice,
                 sample_rate=options.format.sample_rate,
                 speed=options.speed,
@@ -229,31 +232,11 @@ class Session:
                     options.input_format.sample_rate if options.input_format else None
                 ),
             )
-        except EngineRejected as exc:
-            self._transition(SessionState.CLOSED, exc.code)
-            await self._release_lease()
-            self._metrics.rejections.labels(reason=exc.code).inc()
-            if exc.code == ErrorCode.OVERLOADED:
-                self._metrics.golden_errors.labels(type="overloaded").inc()
-                raise SessionError(
-                    ErrorCode.OVERLOADED,
-                    exc.message,
-                    CloseCode.TRY_AGAIN_LATER,
-                    retry_after_ms=self._limits.retry_after_ms,
-                ) from None
-            raise SessionError(
-                ErrorCode.from_engine(exc.code), exc.message, CloseCode.POLICY
-            ) from None
-        except EngineUnavailable:
-            self._transition(SessionState.CLOSED, "engine unavailable")
-            await self._release_lease()
-            self._metrics.rejections.labels(reason="engine_unavailable").inc()
-            raise SessionError(
-                ErrorCode.ENGINE_UNAVAILABLE,
-                "the TTS engine is not available",
-                CloseCode.TRY_AGAIN_LATER,
-                retry_after_ms=self._limits.retry_after_ms,
-            ) from None
+            self._still_starting()
+        except BaseException as exc:
+            await self._abandon_start(stream, exc)
+            raise self._start_error(exc) from None
+        self.stream = stream
         self.options = options
         fmt = options.format
         self._encoder = fmt.encoder()
@@ -271,6 +254,60 @@ class Session:
         )
         self._transition(SessionState.ACTIVE)
         self._peer.send_event(Ready(self.id, fmt.name, fmt.sample_rate, fmt.frame_ms))
+
+    def _still_starting(self) -> None:
+        """After an await in :meth:`start`: the session may have been closed meanwhile
+        (the peer left, its token expired, the drain ended it)."""
+        if self.state is not SessionState.STARTING:
+            raise SessionError(ErrorCode.CLOSING, "the session ended while starting")
+
+    async def _abandon_start(self, stream: EngineStream | None, cause: BaseException) -> None:
+        """Give back what a failed :meth:`start` acquired, even while being cancelled."""
+        if isinstance(cause, SessionError | EngineRejected):
+            reason = str(cause.code)
+        else:
+            reason = type(cause).__name__
+        if self.state is not SessionState.CLOSED:
+            self._transition(SessionState.CLOSED, reason)
+        cleanup = asyncio.ensure_future(self._release_start(stream))
+        try:
+            await asyncio.shield(cleanup)
+        except asyncio.CancelledError:
+            await asyncio.wait([cleanup])  # finish giving back, then go on cancelling
+            raise
+
+    async def _release_start(self, stream: EngineStream | None) -> None:
+        try:
+            await self._release_lease()
+        except Exception:
+            log.exception("session %s: tenant lease release failed", self.id)
+        if stream is not None:
+            with contextlib.suppress(EngineUnavailable):  # gone, and its slots with it
+                await stream.close()
+
+    def _start_error(self, exc: BaseException) -> BaseException:
+        """What :meth:`start` raises for ``exc``: a :class:`SessionError` with its code,
+        or ``exc`` itself (cancellation, a bug)."""
+        if isinstance(exc, EngineRejected):
+            self._metrics.rejections.labels(reason=exc.code).inc()
+            if exc.code == ErrorCode.OVERLOADED:
+                self._metrics.golden_errors.labels(type="overloaded").inc()
+                return SessionError(
+                    ErrorCode.OVERLOADED,
+                    exc.message,
+                    CloseCode.TRY_AGAIN_LATER,
+                    retry_after_ms=self._limits.retry_after_ms,
+                )
+            return SessionError(ErrorCode.from_engine(exc.code), exc.message, CloseCode.POLICY)
+        if isinstance(exc, EngineUnavailable):
+            self._metrics.rejections.labels(reason="engine_unavailable").inc()
+            return SessionError(
+                ErrorCode.ENGINE_UNAVAILABLE,
+                "the TTS engine is not available",
+                CloseCode.TRY_AGAIN_LATER,
+                retry_after_ms=self._limits.retry_after_ms,
+            )
+        return exc
 
     def _require_active(self) -> tuple[EngineStream, Playback]:
         if self.state is SessionState.DRAINING:
@@ -408,11 +445,11 @@ class Session:
         """
         stream, options = self.stream, self.options
         if stream is None or options is None or options.input_format is None:
-            raise SessionError(ErrorCode.UNEXPECTED_BINARY, "this session has no input_format")
+            raise ProtocolViolation(ErrorCode.UNEXPECTED_BINARY, "this session has no input_format")
         try:
             pcm = options.input_format.decode_input(data)
         except ValueError as exc:
-            raise SessionError(ErrorCode.INVALID_AUDIO, str(exc)) from None
+            raise ProtocolViolation(ErrorCode.INVALID_AUDIO, str(exc)[:200]) from None
         written = stream.inbound.write(pcm)
         if written < len(pcm):
             self._metrics.caller_audio_dropped.inc(len(pcm) - written)
@@ -573,11 +610,12 @@ class Session:
             await self._release_lease()
         except Exception:
             log.exception("session %s: tenant lease release failed", self.id)
-        if stream is not None:
-            try:
-                await stream.close()
-            except Exception:
-                log.exception("session %s: engine stream close failed", self.id)
+        finally:  # even when cancelled while releasing the lease
+            if stream is not None:
+                try:
+                    await stream.close()
+                except Exception:
+                    log.exception("session %s: engine stream close failed", self.id)
         if self.playback is not None:
             self._record_finished(self.playback)
         # Engine events that arrived while we awaited above may have woken us again.

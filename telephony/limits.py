@@ -18,7 +18,12 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["MAX_CALL_ID_CHARS", "MAX_ECHO_CHARS", "call_id_problem", "excerpt"]
+__all__ = ["DTMF_DIGITS", "MAX_CALL_ID_CHARS", "MAX_ECHO_CHARS", "call_id_problem", "excerpt"]
+
+#: The 16 DTMF tones (RFC 4733 telephone-events 0-15): what an IVR application may be told
+#: a caller pressed. A core passes on whatever single character its vendor reports; the
+#: gateway's telephony leg drops anything else (a peer's oddity is no reason to end a call).
+DTMF_DIGITS: Final = frozenset("0123456789*#ABCD")
 
 #: The longest call id accepted, in characters.
 MAX_CALL_ID_CHARS: Final = 128

@@ -99,9 +99,6 @@ DEFAULT_MAX_PENDING_MARKS: Final = 1_000  # marks sent and not yet echoed
 MAX_MARK_NAME_CHARS: Final = 256  # Twilio documents no limit; this bounds our bookkeeping
 # sequenceNumber, chunk, timestamp: decimal strings; 20 digits hold any 64-bit counter
 _MAX_COUNTER_DIGITS: Final = 20
-# "DTMF message": dtmf.digit is "the number-pad digit detected", one character; DTMF has
-# 16 tones, the RFC 4733 telephone-events 0-15: 0-9, *, # and A-D
-_DTMF_DIGITS: Final = frozenset("0123456789*#ABCD")
 
 
 class TwilioState(enum.Enum):
@@ -496,10 +493,11 @@ class TwilioConnection:
         dtmf = _object(msg, "dtmf", "dtmf")
         track = _str(dtmf, "track", "dtmf.track")
         digit = _str(dtmf, "digit", "dtmf.digit")
-        if digit not in _DTMF_DIGITS:  # IVR applications get one of 16 digits, nothing else
+        # "DTMF message": dtmf.digit is "the number-pad digit detected": one character.
+        # Which characters are digits is the gateway's business (telephony.limits).
+        if len(digit) != 1:
             raise _fail(
-                TwilioErrorCode.INVALID_FIELD,
-                f"dtmf.digit {excerpt(digit)} is not one of 0-9, *, #, A-D",
+                TwilioErrorCode.INVALID_FIELD, f"dtmf.digit {excerpt(digit)} is not one character"
             )
         return TwilioDtmf(seq, sid, track, digit)
 

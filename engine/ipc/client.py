@@ -275,7 +275,11 @@ class EngineClient(asyncio.Protocol):
                 future.set_result(message)
         elif isinstance(message, StreamOpened | StreamRejected):
             opening = self._opening.pop(message.stream_id, None)
-            if opening is None:
+            if opening is None or opening.done():
+                if isinstance(message, StreamOpened):
+                    # Nobody waits for it any more (timed out, cancelled): the engine
+                    # holds a slot for it, so give the slot back.
+                    self._close_orphan(message.stream_id)
                 return
             if isinstance(message, StreamOpened):
                 opening.set_result(message)
@@ -364,13 +368,22 @@ class EngineClient(asyncio.Protocol):
                 )
             )
             opened = await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            raise EngineUnavailable("engine did not answer OpenStream") from None
-        finally:
+        except BaseException as exc:
             self._opening.pop(stream_id, None)
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self._close_orphan(stream_id)  # opened, but our caller is gone
+            if isinstance(exc, TimeoutError):
+                raise EngineUnavailable("engine did not answer OpenStream") from None
+            raise
         stream = EngineStream(self, stream_id, opened.slot, listener)
         self.streams[stream_id] = stream
         return stream
+
+    def _close_orphan(self, stream_id: int) -> None:
+        """Close a stream the engine opened for a caller that stopped waiting."""
+        log.info("engine stream %d opened after its caller left: closing it", stream_id)
+        with contextlib.suppress(EngineUnavailable):
+            self.send(CloseStream(stream_id=stream_id))
 
     def abort(self) -> None:
         if self._transport is not None:

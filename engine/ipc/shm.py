@@ -44,6 +44,7 @@ from typing import Final, Self
 
 import numpy as np
 
+from engine.ipc.env import DEFAULT_SHM_DIR
 from engine.ipc.ring import HEADER_SIZE, RingError, SpscRing
 
 __all__ = [
@@ -57,7 +58,6 @@ __all__ = [
     "SlotIndexError",
 ]
 
-DEFAULT_SHM_DIR: Final = "/dev/shm"
 """Default directory for region files (a tmpfs on Linux)."""
 
 RING_ALIGNMENT: Final = 64

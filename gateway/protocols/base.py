@@ -77,7 +77,6 @@ class Connection(abc.ABC):
         self.peer_log = PeerLog(log, f"{self.protocol} {self.session.id}")
         self._violations = 0
         self._expiry: asyncio.TimerHandle | None = None
-        self._released = False
 
     # --- what a protocol provides -----------------------------------------------------
 
@@ -158,63 +157,61 @@ class Connection(abc.ABC):
     # --- the lifecycle ----------------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve the connection until it ends; always releases everything it holds."""
+        """Serve the connection until it ends; always releases everything it holds.
+
+        The teardown runs as a task of its own, shielded: if this handler is cancelled
+        (shutdown, aiohttp), the teardown still finishes (the worker's
+        :class:`gateway.connections.Connections` owns it until then)."""
         session = self.session
         state = self._state
         metrics = state.metrics
         metrics.sessions_active.labels(protocol=self.protocol).inc()
         metrics.sessions_total.labels(protocol=self.protocol).inc()
-        state.connections.track(session)
+        state.connections.track(self)
         receiver = asyncio.create_task(self._receive(), name=f"{self.protocol}-recv-{session.id}")
         try:
             waits: list[asyncio.Future[Any]] = [receiver, session.done]
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if receiver.done() and not receiver.cancelled() and receiver.exception():
-                log.error(
-                    "%s session %s: receive loop failed",
-                    self.protocol,
-                    session.id,
-                    exc_info=receiver.exception(),
-                )
-                session.fail(
-                    SessionError(
-                        ErrorCode.INTERNAL_ERROR, "internal error", CloseCode.INTERNAL_ERROR
-                    )
-                )
-            if session.done.done():
-                code, reason = session.done.result()
-                # Release first: once the peer sees the close, its slot and lease are free.
-                await self._release(reason)
-                await self._ws.close(code=code, message=reason.encode()[:120])
         finally:
-            receiver.cancel()
-            self._writer.closed = True
             teardown = asyncio.ensure_future(self._teardown(receiver))
-            state.connections.own(teardown)  # finishes even if this handler is cancelled meanwhile
+            state.connections.own(teardown)
             await asyncio.shield(teardown)
 
     async def _teardown(self, receiver: asyncio.Task[None]) -> None:
+        """Stop reading, release the session's slot, lease, pacer entry and call, then
+        close the socket (the peer sees the close once everything is free)."""
+        session = self.session
+        receiver.cancel()  # a start in progress rolls back what it acquired
         await asyncio.wait([receiver])
-        if not receiver.cancelled() and receiver.exception() is not None:
-            pass  # logged above when it ended the session; retrieved here either way
-        await self._release("connection closed")
-        self._state.connections.untrack(self.session)
-        self._state.metrics.sessions_active.labels(protocol=self.protocol).dec()
-
-    async def _release(self, reason: str) -> None:
-        """Release everything once: the protocol's part, then the session's."""
-        if self._released:
-            return
-        self._released = True
+        failure = None if receiver.cancelled() else receiver.exception()
+        if failure is not None:
+            log.error(
+                "%s session %s: receive loop failed", self.protocol, session.id, exc_info=failure
+            )
+            session.fail(
+                SessionError(ErrorCode.INTERNAL_ERROR, "internal error", CloseCode.INTERNAL_ERROR)
+            )
+        code, reason = (
+            session.done.result() if session.done.done() else (CloseCode.NORMAL, "socket closed")
+        )
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
         try:
             await self.on_release(reason)
         except Exception:
-            log.exception("%s session %s: release failed", self.protocol, self.session.id)
+            log.exception("%s session %s: release failed", self.protocol, session.id)
         finally:
-            await self.session.aclose(reason)
+            try:
+                await session.aclose(reason)
+            finally:
+                self._writer.closed = True
+                try:
+                    if not self._ws.closed:
+                        await self._ws.close(code=code, message=reason.encode()[:120])
+                finally:
+                    self._state.connections.untrack(self)
+                    self._state.metrics.sessions_active.labels(protocol=self.protocol).dec()
 
     async def _receive(self) -> None:
         session = self.session

@@ -199,14 +199,16 @@ def start_options(message: StartMsg) -> StartOptions:
     fmt = FORMATS.get(message.format)
     if fmt is None:
         raise SessionError(
-            ErrorCode.UNSUPPORTED_FORMAT, f"unknown format {message.format!r}", CloseCode.POLICY
+            ErrorCode.UNSUPPORTED_FORMAT,
+            f"unknown format {message.format[:64]!r}",
+            CloseCode.POLICY,
         )
     input_fmt = None
     if message.input_format is not None:
         if message.input_format not in INPUT_FORMATS:
             raise SessionError(
                 ErrorCode.UNSUPPORTED_FORMAT,
-                f"unknown input_format {message.input_format!r}",
+                f"unknown input_format {message.input_format[:64]!r}",
                 CloseCode.POLICY,
             )
         input_fmt = FORMATS[message.input_format]

@@ -38,6 +38,7 @@ from gateway.protocols.base import Connection
 from gateway.session import StartOptions
 from gateway.state import GatewayState
 from gateway.wsframe import FrameWriter
+from telephony.limits import DTMF_DIGITS
 
 log = logging.getLogger(__name__)
 DEFAULT_VOICE = "en-us"
@@ -219,6 +220,11 @@ class TelephonyLeg(Connection):
                 log.info("call %s: say refused: %s", call_id, exc.code)
 
     def dtmf(self, digit: str) -> None:
+        """A digit the caller pressed, for the application; anything but the 16 DTMF
+        digits is dropped (logged): a vendor's oddity is no reason to end a call."""
+        if digit not in DTMF_DIGITS:
+            self.peer_log.warning("ignored a DTMF event with digit %r", digit[:8])
+            return
         self._publish(Dtmf(digit))
 
     def pause(self, paused: bool) -> None:

@@ -30,15 +30,20 @@ from aiohttp.http_exceptions import HttpProcessingError
 from engine.ipc.schema import VoiceInfo
 from gateway.auth import AuthError, Principal, token_from_request
 from gateway.errors import ErrorCode
+from gateway.peer_log import PeerLog
 from gateway.state import STATE_KEY, GatewayState
-from gateway.voices.reference_audio import MAX_UPLOAD_BYTES, ReferenceAudioError
+from gateway.voices.reference_audio import MAX_UPLOAD_BYTES, ReferenceAudio, ReferenceAudioError
 from gateway.voices.registry import VoiceError
 from gateway.voices.store import VoiceRecord
 from gateway.voices.upload_worker import UploadWorkerError, UploadWorkers
 
 log = logging.getLogger(__name__)
+_auth_log = PeerLog(log, "voices API")  # anyone can fail auth: rate-limited
 READ_SCOPE = "tts:stream"
 WRITE_SCOPE = "voices:write"
+#: How long a worker may take to decode and normalize one upload (decoding stops after
+#: 120 s of audio, which takes a few seconds): beyond it, 503 upload_unavailable.
+PROCESSING_TIMEOUT_S = 60.0
 MAX_FIELD_BYTES = 4096
 MAX_BODY_BYTES: Final = MAX_UPLOAD_BYTES + 64 * 1024  # the whole multipart body
 MAX_PART_HEADERS: Final = 16
@@ -77,7 +82,7 @@ def _auth(state: GatewayState, request: web.Request, scope: str) -> Principal | 
     try:
         return state.verify(token_from_request(request.headers, request.query), scope)
     except AuthError as exc:
-        log.info("auth failed on %s: %s", request.path, exc.code)
+        _auth_log.info("auth failed on %s: %s", request.path[:64], exc.code)
         return _error(exc.http_status, ErrorCode(exc.code), exc.message)
 
 
@@ -397,9 +402,17 @@ async def register_voice(request: web.Request) -> web.Response:
             raise _Refusal(400, ErrorCode.INVALID_REQUEST, "malformed multipart body") from None
         workers = request.app[UPLOAD_WORKERS_KEY]
         path = spool.path
+
+        async def normalized() -> ReferenceAudio:
+            try:
+                async with asyncio.timeout(PROCESSING_TIMEOUT_S):
+                    return await workers.process(path)
+            except TimeoutError:
+                raise UploadWorkerError("decoding the upload took too long") from None
+
         record = await state.registry.register(
             who.tenant,
-            lambda: workers.process(path),
+            normalized,
             name=fields.get("name") or None,
             language=fields.get("language") or None,
             transcript=fields.get("transcript") or None,

@@ -28,6 +28,8 @@ submitting work and shutting down happen in that thread; results arrive as await
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import multiprocessing
 import os
 import signal
@@ -48,7 +50,9 @@ from gateway.voices.reference_audio import (
 
 __all__ = ["MAX_TASKS_PER_CHILD", "WORKER_NICE", "UploadWorkerError", "UploadWorkers"]
 
+log = logging.getLogger(__name__)
 MAX_TASKS_PER_CHILD: Final = 8
+CLOSE_WAIT_S: Final = 5.0  # at shutdown, for jobs still running, before killing them
 WORKER_NICE: Final = 10  # the nice value of the pool's processes (0 is the default)
 START_METHOD: Final = "forkserver"
 
@@ -147,13 +151,21 @@ class UploadWorkers:
         )
         return self._executor, self._executor.submit(_process_file, path)
 
-    def _shut_down(self, executor: ProcessPoolExecutor | None) -> None:
+    def _shut_down(self, executor: ProcessPoolExecutor | None, *, kill: bool = False) -> None:
         """(In the spawner.) Shut ``executor`` (None: the current pool) down, waiting for
-        its processes; the next submit starts a new pool."""
+        its processes (killing them first with ``kill``); the next submit starts a new
+        pool."""
         if executor is None or executor is self._executor:
             executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+        if executor is None:
+            return
+        if kill:
+            # concurrent.futures has no public way to stop a running job; its process
+            # table is the only handle on the workers (children of the forkserver).
+            for process in list((getattr(executor, "_processes", None) or {}).values()):
+                with contextlib.suppress(Exception):
+                    process.kill()
+        executor.shutdown(wait=True, cancel_futures=True)
 
     async def _in_spawner(self, call: Callable[[], T]) -> T:
         try:
@@ -192,7 +204,12 @@ class UploadWorkers:
         if self._closed:
             return
         self._closed = True
-        await asyncio.get_running_loop().run_in_executor(
-            self._spawner, lambda: self._shut_down(None)
-        )
-        self._spawner.shutdown(wait=True)  # idle now: returns at once
+        loop = asyncio.get_running_loop()
+        executor = self._executor
+        try:
+            async with asyncio.timeout(CLOSE_WAIT_S):
+                await loop.run_in_executor(self._spawner, lambda: self._shut_down(executor))
+        except TimeoutError:  # a job still running: do not hold up the shutdown for it
+            log.warning("upload workers still busy after %.0f s: killing them", CLOSE_WAIT_S)
+            await loop.run_in_executor(None, lambda: self._shut_down(executor, kill=True))
+        self._spawner.shutdown(wait=True)

@@ -579,3 +579,19 @@ async def test_duplex_stream_reports_caller_speech_and_frees_its_slot(start_engi
     await until(lambda: engine.server.pool.in_use == 0)  # VAD and scheduler let go
     again = [await open_stream(client) for _ in range(2)]
     assert sorted(s.slot for s in again) == [0, 1]
+
+
+async def test_a_stream_opened_for_a_caller_that_left_is_closed(start_engine):
+    """An OpenStream whose caller was cancelled (or timed out) before StreamOpened came back
+    must not keep its slot: the client closes what nobody waits for."""
+    engine = await start_engine(slots=2)
+    client = await engine.connect()
+    for _ in range(3):
+        opening = asyncio.ensure_future(open_stream(client))
+        await asyncio.sleep(0)  # OpenStream is on its way
+        opening.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+    await until(lambda: engine.server.pool.in_use == 0)
+    streams = [await open_stream(client) for _ in range(2)]  # both slots are free again
+    assert sorted(s.slot for s in streams) == [0, 1]

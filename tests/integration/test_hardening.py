@@ -8,9 +8,12 @@ held (session, engine slot, tenant lease in Redis, pacer entry), whatever the cl
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
+import os
 import secrets
+import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -27,6 +30,7 @@ from tests.integration.telephony_peers import AsteriskPeer, TwilioPeer, attach, 
 
 START_TIMEOUT_S = 2
 HANDSHAKE_TIMEOUT_S = 2
+SEND_STALL_S = 2
 LEEWAY_S = 1
 SLOTS = 4
 NESTED = '{"type":"speak","text":"hi","x":' + "[" * 1000 + "]" * 1000 + "}"
@@ -42,6 +46,7 @@ def gateway(
         ENGINE_VAD="0",
         GATEWAY_START_TIMEOUT_S=str(START_TIMEOUT_S),
         GATEWAY_HANDSHAKE_TIMEOUT_S=str(HANDSHAKE_TIMEOUT_S),
+        GATEWAY_SEND_STALL_S=str(SEND_STALL_S),
         GATEWAY_JWT_LEEWAY_S=str(LEEWAY_S),
         GATEWAY_REDIS_URL=redis.url,
         GATEWAY_REDIS_PREFIX=f"hard{secrets.token_hex(4)}",
@@ -433,3 +438,87 @@ async def test_over_long_lines_never_log_a_token_and_probes_say_nothing_internal
     assert "eyJ" not in log
     code, body = gateway.readyz()
     assert code == 200 and set(body) == {"ready", "draining", "vad_ready"}
+
+
+# --------------------------------------------------------------------------- review: leaks
+
+
+def _masked(opcode: int, payload: bytes) -> bytes:
+    """One client frame (RFC 6455 section 5.3: masked), payload under 126 bytes."""
+    mask = os.urandom(4)
+    head = bytes([0x80 | opcode, 0x80 | len(payload)])
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def _never_reading_websocket(port: int, path: str, token: str | None, start: bool) -> socket.socket:
+    """A raw WebSocket that (after an optional start) floods pings and reads nothing."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        f"GET {path} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"{auth}Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    if start:
+        sock.sendall(_masked(1, b'{"type":"start","voice":"en-us","format":"mulaw_8000"}'))
+        seen = b""
+        while b"ready" not in seen:
+            seen += sock.recv(4096)
+    sock.settimeout(0.2)
+    ping = _masked(0x9, b"p" * 125)
+    until = time.monotonic() + 1.5
+    while time.monotonic() < until:  # from here on it never reads a byte
+        try:
+            sock.sendall(ping)
+        except (TimeoutError, BlockingIOError):
+            break
+    return sock
+
+
+async def test_peers_that_never_read_are_cut_off_and_release_everything(
+    gateway: GatewayProcess,
+) -> None:
+    aborted = await metric(gateway, "gateway_connections_aborted_total", reason="write_stall")
+    native = await metric(gateway, "gateway_sessions_active", protocol="native")
+    socks = [
+        await asyncio.to_thread(_never_reading_websocket, gateway.port, "/v1/twilio", None, False),
+        await asyncio.to_thread(
+            _never_reading_websocket, gateway.port, "/v1/stream", gateway.token(), True
+        ),
+    ]
+    try:
+
+        async def cut_off() -> bool:
+            return (
+                await metric(gateway, "gateway_connections_aborted_total", reason="write_stall")
+                >= aborted + 2
+                and await metric(gateway, "gateway_sessions_active", protocol="native") == native
+            )
+
+        await eventually(cut_off, timeout=START_TIMEOUT_S + 10 * SEND_STALL_S)
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+async def test_a_session_that_ends_while_the_engine_opens_its_stream_leaks_no_slot(
+    gateway: GatewayProcess, clients: list[NativeClient]
+) -> None:
+    engine = gateway.engine_pid()
+    client = await connect(gateway, clients, gateway.token(ttl_s=1, tenant="race"))
+    os.kill(engine, signal.SIGSTOP)  # slow to answer OpenStream (under the heartbeat timeout)
+    try:
+        await client.send(type="start", voice="en-us", format="mulaw_8000")
+        assert (await client.wait_event("error", timeout=5))["code"] == "token_expired"
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    await asyncio.sleep(0.5)  # the engine answers the abandoned OpenStream; we close it
+    fresh = [await connect(gateway, clients, gateway.token(tenant="race2")) for _ in range(SLOTS)]
+    for c in fresh:
+        assert (await c.start())["type"] == "ready"  # every slot is free

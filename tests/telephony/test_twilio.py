@@ -313,14 +313,18 @@ def test_dtmf_every_number_pad_digit_is_accepted(digit: str) -> None:
     ]
 
 
+@pytest.mark.parametrize("digit", ["x", "E", "\x00"])
+def test_dtmf_any_single_character_is_passed_on(digit: str) -> None:
+    # the gateway's leg decides what it tells an application (telephony.limits.DTMF_DIGITS)
+    [event] = streaming().receive_text(dtmf_with_digit(digit))
+    assert isinstance(event, TwilioDtmf) and event.digit == digit
+
+
 @pytest.mark.parametrize(
     "digit",
-    [
-        *["", "12", "x", "a", "E", " ", "1 ", "١", "\x00", "\u200b", 1, None],
-        pytest.param("x" * 10_000, id="x*10000"),
-    ],
+    [*["", "12", "1 ", 1, None], pytest.param("x" * 10_000, id="x*10000")],
 )
-def test_dtmf_digit_other_than_one_number_pad_digit_is_invalid_field(digit: Any) -> None:
+def test_dtmf_digit_other_than_one_character_is_invalid_field(digit: Any) -> None:
     conn = streaming()
     with pytest.raises(TwilioProtocolError) as info:
         conn.receive_text(dtmf_with_digit(digit))
@@ -332,7 +336,7 @@ def test_dtmf_digit_other_than_one_number_pad_digit_is_invalid_field(digit: Any)
 def test_dtmf_invalid_digit_message_quotes_at_most_64_characters() -> None:
     with pytest.raises(TwilioProtocolError) as info:
         streaming().receive_text(dtmf_with_digit("x" * 10_000))
-    assert info.value.message == f"dtmf.digit {'x' * 64!r}... is not one of 0-9, *, #, A-D"
+    assert info.value.message == f"dtmf.digit {'x' * 64!r}... is not one character"
 
 
 def test_mark_documented_example_echoes_a_sent_mark() -> None:
