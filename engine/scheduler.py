@@ -1,10 +1,23 @@
-"""The engine's scheduler: one worker thread owns the backend and serves every stream.
+"""The engine's scheduler: one coordinator thread owns every stream, lanes do the work.
+
+The coordinator owns the streams' state (utterances, rings, boundaries, pending audio):
+it is the rings' only writer. Each backend has a **lane**:
+
+- a per-segment backend (espeak-ng: not thread-safe, streams audio out as it goes) runs
+  in the coordinator itself, one segment at a time, its audio written as it comes;
+- a :class:`~engine.backends.base.BatchSynthesizer` (Piper) runs on ``threads`` worker
+  threads: the coordinator forms batches of up to ``max_batch`` segments of different
+  streams (one model: the backend's ``batch_key``), a free worker runs one, and the audio
+  comes back to the coordinator as commands, resampled by the worker.
+
+A stream has at most one segment in flight, so its audio stays in order.
 
 Fairness: work is done one text segment at a time (a clause or a sentence, at most
 :attr:`engine.text.SegmentSplitter.max_segment_chars` characters), earliest deadline
-first: the next segment goes to the stream whose ring holds the least unplayed audio.
-A new utterance (nothing buffered) goes before streams that are seconds ahead, one long
-text cannot starve short prompts, and each utterance's first segment is a short clause.
+first: the next segment goes to the stream whose ring holds the least unplayed audio,
+and a batch is the streams closest to running dry. A new utterance (nothing buffered)
+goes before streams that are seconds ahead, one long text cannot starve short prompts,
+and each utterance's first segment is a short clause.
 
 Back-pressure: audio goes into the stream's outbound ring. When the ring is full the
 rest of the segment waits in the stream's ``pending`` buffer, and the stream gets no new
@@ -16,8 +29,9 @@ caller heard.
 
 Thread contract: the public methods (``open_stream``, ``speak``, ``cancel``,
 ``close_stream``, ``stop``) are called from the server's event-loop thread and only
-enqueue commands; everything else runs on the worker thread. Events go out through the
-``on_event`` callback, called on the worker thread.
+enqueue commands; everything else runs on the coordinator thread, but for the lanes'
+worker threads, which only synthesize, resample and enqueue. Events go out through the
+``on_event`` callback, called on the coordinator thread.
 """
 
 from __future__ import annotations
@@ -32,7 +46,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from engine.backends.base import Backend, BackendError, PcmChunk, VoicePreparer
+from engine.backends.base import (
+    Backend,
+    BackendError,
+    BatchSynthesizer,
+    PcmChunk,
+    SynthesisJob,
+    VoicePreparer,
+)
+from engine.backends.routing import BackendSet, RoutedVoice
 from engine.ipc.boundaries import BoundaryWriter
 from engine.ipc.ring import SpscRing
 from engine.ipc.schema import (
@@ -71,15 +93,31 @@ class _Utterance:
 
 
 @dataclass
+class _Lane:
+    """Where one backend's segments run (see the module docstring)."""
+
+    backend: Backend
+    batch: BatchSynthesizer | None  # None: in the coordinator, one segment at a time
+    threads: int = 0
+    max_batch: int = 1
+    in_flight: int = 0  # batches handed to the workers and not yet done
+    jobs: queue.SimpleQueue[_Batch | None] = field(default_factory=queue.SimpleQueue)
+    workers: list[threading.Thread] = field(default_factory=list)
+
+
+@dataclass
 class _Stream:
     slot: int
     stream_id: int
     owner: object
     ring: SpscRing
     boundaries: BoundaryWriter
-    voice: object
+    voice: RoutedVoice
+    lane: _Lane
     resampler: StreamingResampler
     bytes_per_second: int
+    sample_rate: int
+    busy: bool = False  # a segment of it is with a lane's worker
     utterances: deque[_Utterance] = field(default_factory=deque)
     pending: bytearray = field(default_factory=bytearray)
     # Utterance ends not yet in the boundaries ring (it was full): block later audio.
@@ -118,7 +156,40 @@ class _Prepare:
     language: str | None
 
 
-_Command = _Open | _Speak | _Cancel | _Prepare | None
+@dataclass(frozen=True)
+class _Job:
+    """One segment of one stream, handed to a worker."""
+
+    slot: int
+    generation: int
+    utterance: int
+    text: str
+    voice: object  # the backend's handle
+    resampler: StreamingResampler  # the stream's, used by the worker while it runs the job
+
+
+@dataclass(frozen=True)
+class _Batch:
+    lane: _Lane
+    jobs: tuple[_Job, ...]
+
+
+@dataclass(frozen=True)
+class _Audio:
+    """A worker's output for one job, resampled to the stream's rate."""
+
+    job: _Job
+    pcm: bytes
+
+
+@dataclass(frozen=True)
+class _BatchDone:
+    batch: _Batch
+    error: tuple[str, str] | None  # (code, message) for every job of the batch
+    seconds: float
+
+
+_Command = _Open | _Speak | _Cancel | _Prepare | _Audio | _BatchDone | None
 
 
 @dataclass
@@ -133,14 +204,21 @@ class SchedulerStats:
 class Scheduler:
     def __init__(
         self,
-        backend: Backend,
+        backends: BackendSet,
         on_event: EventSink,
         *,
         max_text_chars: int,
         tap_directory: str | None = None,
     ) -> None:
         self._tap_directory = tap_directory
-        self._backend = backend
+        self._backends = backends
+        self._lanes: dict[int, _Lane] = {}
+        for backend in backends.members:
+            if isinstance(backend, BatchSynthesizer):
+                lane = _Lane(backend, backend, max(1, backend.threads), max(1, backend.max_batch))
+            else:
+                lane = _Lane(backend, None)
+            self._lanes[id(backend)] = lane
         self._on_event = on_event
         self._max_text_chars = max_text_chars
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
@@ -150,7 +228,9 @@ class Scheduler:
         # touched by every command and synthesis for them; kept while output waits for
         # ring space. _flush_all visits only these, not every stream.
         self._dirty: dict[int, None] = {}
-        self._generations: dict[int, int] = {}  # slot -> generation, written by loop thread
+        # slot -> generation, written by the loop thread: bumped on open, cancel and close,
+        # so work begun for a slot's earlier stream or earlier utterances is recognized.
+        self._generations: dict[int, int] = {}
         self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
         self._stopping = False
         self.stats = SchedulerStats()
@@ -159,11 +239,27 @@ class Scheduler:
 
     def start(self) -> None:
         self._thread.start()
+        for lane in self._lanes.values():
+            for index in range(lane.threads if lane.batch is not None else 0):
+                worker = threading.Thread(
+                    target=self._work,
+                    args=(lane,),
+                    name=f"engine-{lane.backend.name}-{index}",
+                    daemon=True,
+                )
+                lane.workers.append(worker)
+                worker.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping = True
         self._commands.put(None)
+        for lane in self._lanes.values():
+            for _ in lane.workers:
+                lane.jobs.put(None)
         self._thread.join(timeout)
+        for lane in self._lanes.values():
+            for worker in lane.workers:
+                worker.join(timeout)
         if not self._thread.is_alive():
             for stream in self._streams.values():
                 if stream.tap is not None:
@@ -178,10 +274,9 @@ class Scheduler:
         owner: object,
         ring: SpscRing,
         boundaries: SpscRing,
-        voice: object,
+        voice: RoutedVoice,
         sample_rate: int,
     ) -> None:
-        resampler = StreamingResampler(self._backend.native_sample_rate, sample_rate)
         stream = _Stream(
             slot,
             stream_id,
@@ -189,13 +284,15 @@ class Scheduler:
             ring,
             BoundaryWriter(boundaries),
             voice,
-            resampler,
+            self._lanes[id(voice.backend)],
+            StreamingResampler(voice.sample_rate, sample_rate),
             bytes_per_second=2 * sample_rate,
+            sample_rate=sample_rate,
         )
         if self._tap_directory:
             name = f"{time.time_ns()}-slot{slot}-stream{stream_id}-{sample_rate}hz.pcm"
             stream.tap = open(os.path.join(self._tap_directory, name), "wb")  # noqa: SIM115
-        self._generations[slot] = 0
+        self._generations[slot] = self._generations.get(slot, 0) + 1
         self._commands.put(_Open(stream))
 
     def speak(self, slot: int, utterance: int, text: str, final: bool) -> None:
@@ -225,7 +322,8 @@ class Scheduler:
             self._take_commands(PENDING_POLL_S if self._dirty else IDLE_WAIT_S, block=True)
             while True:
                 self._flush_all()
-                stream = self._next_ready()
+                self._dispatch_batches()
+                stream = self._next_ready(inline=True)
                 if stream is None:
                     break
                 self._synthesize_next(stream)
@@ -255,9 +353,15 @@ class Scheduler:
             except queue.Empty:
                 return
 
-    def _apply(self, command: _Open | _Speak | _Cancel | _Prepare) -> None:
+    def _apply(self, command: _Open | _Speak | _Cancel | _Prepare | _Audio | _BatchDone) -> None:
         if isinstance(command, _Prepare):
             self._prepare(command)
+            return
+        if isinstance(command, _Audio):
+            self._take_audio(command)
+            return
+        if isinstance(command, _BatchDone):
+            self._batch_done(command)
             return
         if isinstance(command, _Open):
             stream = command.stream
@@ -272,20 +376,21 @@ class Scheduler:
         self.stats.active_streams = len(self._streams)
 
     def _prepare(self, command: _Prepare) -> None:
-        backend = self._backend
-        version = backend.version
+        backend = self._backends.preparer
+        version = backend.version if backend is not None else ""
         started = time.perf_counter()
         message: Message
         try:
             if not isinstance(backend, VoicePreparer):
                 raise BackendError(
-                    "voice_cloning_unsupported", f"backend {backend.name} has no custom voices"
+                    "voice_cloning_unsupported",
+                    f"backend {self._backends.name} has no custom voices",
                 )
             features = backend.prepare_voice(command.pcm16k, command.language)
             message = VoicePrepared(
                 request_id=command.request_id,
                 features=features,
-                backend=self._backend.name,
+                backend=backend.name,
                 version=version,
                 seconds=time.perf_counter() - started,
             )
@@ -308,7 +413,9 @@ class Scheduler:
             return  # more text for an utterance that already failed
         utterance = stream.utterances[-1] if stream.utterances else None
         if utterance is None or utterance.seq != command.utterance or utterance.final:
-            utterance = _Utterance(command.utterance)
+            utterance = _Utterance(
+                command.utterance, SegmentSplitter(language=stream.voice.language)
+            )
             stream.utterances.append(utterance)
         utterance.chars += len(command.text)
         if utterance.chars > self._max_text_chars:
@@ -327,7 +434,7 @@ class Scheduler:
         stream.pending.clear()
         stream.pending_boundaries.clear()
         stream.failed.clear()
-        stream.resampler.reset()
+        self._renew_resampler(stream)
         stream.generation = self._generations.get(stream.slot, 0)
         if command.close:
             del self._streams[stream.slot]
@@ -341,8 +448,20 @@ class Scheduler:
                 Cancelled(stream_id=stream.stream_id, write_pos=stream.ring.write_pos),
             )
 
-    def _next_ready(self) -> _Stream | None:
-        """The stream whose audio runs out first, among those with a segment to do.
+    @staticmethod
+    def _ready(stream: _Stream) -> bool:
+        """Has a segment to do, and room for its audio (no backlog), and none in flight."""
+        return not (
+            stream.busy
+            or stream.pending
+            or stream.pending_boundaries
+            or not stream.utterances
+            or not stream.utterances[0].segments
+        )
+
+    def _next_ready(self, *, inline: bool) -> _Stream | None:
+        """The stream whose audio runs out first, among those with a segment to do in an
+        inline lane (``inline``) or in a worker lane.
 
         Earliest deadline first: a stream's deadline is how much unplayed audio its ring
         holds, so an utterance waiting for its first audio (nothing buffered) goes before
@@ -355,12 +474,7 @@ class Scheduler:
         for _ in range(len(order)):
             stream = self._streams[order[0]]
             order.rotate(-1)
-            if (
-                stream.pending
-                or stream.pending_boundaries
-                or not stream.utterances
-                or not stream.utterances[0].segments
-            ):
+            if (stream.lane.batch is None) != inline or not self._ready(stream):
                 continue
             buffered = stream.ring.readable_bytes() / stream.bytes_per_second
             if best is None or buffered < best_buffered:
@@ -368,6 +482,104 @@ class Scheduler:
                 if buffered == 0.0:
                     break  # nothing is more urgent than an empty ring
         return best
+
+    # --- worker lanes ------------------------------------------------------------------
+
+    def _dispatch_batches(self) -> None:
+        """Hand every idle worker a batch: the ready streams closest to running dry."""
+        for lane in self._lanes.values():
+            batch = lane.batch
+            if batch is None:
+                continue
+            while lane.in_flight < lane.threads:
+                candidates = [
+                    s for s in self._streams.values() if s.lane is lane and self._ready(s)
+                ]
+                if not candidates:
+                    break
+                candidates.sort(key=lambda s: s.ring.readable_bytes() / s.bytes_per_second)
+                key = batch.batch_key(candidates[0].voice.handle)
+                chosen = [s for s in candidates if batch.batch_key(s.voice.handle) == key][
+                    : lane.max_batch
+                ]
+                jobs = []
+                for stream in chosen:
+                    utterance = stream.utterances[0]
+                    stream.busy = True
+                    jobs.append(
+                        _Job(
+                            stream.slot,
+                            stream.generation,
+                            utterance.seq,
+                            utterance.segments.popleft(),
+                            stream.voice.handle,
+                            stream.resampler,
+                        )
+                    )
+                lane.in_flight += 1
+                lane.jobs.put(_Batch(lane, tuple(jobs)))
+
+    def _work(self, lane: _Lane) -> None:
+        """A lane's worker thread: run batches, send the audio back as commands."""
+        assert lane.batch is not None
+        while True:
+            batch = lane.jobs.get()
+            if batch is None:
+                return
+            jobs = batch.jobs
+
+            def emit(index: int, chunk: PcmChunk, jobs: tuple[_Job, ...] = jobs) -> bool:
+                job = jobs[index]
+                if self._generations.get(job.slot) != job.generation:
+                    return False  # cancelled, or closed, while synthesizing
+                pcm = job.resampler.process(chunk.tobytes())
+                if pcm:
+                    self._commands.put(_Audio(job, pcm))
+                return True
+
+            started = time.perf_counter()
+            error: tuple[str, str] | None = None
+            try:
+                lane.batch.synthesize_batch([SynthesisJob(j.text, j.voice) for j in jobs], emit)
+            except BackendError as exc:
+                error = (exc.code, exc.message)
+            except Exception:
+                log.exception("backend %s failed on a batch of %d", lane.backend.name, len(jobs))
+                error = ("engine_error", "synthesis failed")
+            self._commands.put(_BatchDone(batch, error, time.perf_counter() - started))
+
+    def _current(self, job: _Job) -> tuple[_Stream, _Utterance] | None:
+        """The stream and utterance ``job`` still belongs to (None: cancelled, closed, or
+        its utterance failed meanwhile)."""
+        stream = self._streams.get(job.slot)
+        if stream is None or stream.generation != job.generation or not stream.utterances:
+            return None
+        utterance = stream.utterances[0]
+        return (stream, utterance) if utterance.seq == job.utterance else None
+
+    def _take_audio(self, audio: _Audio) -> None:
+        current = self._current(audio.job)
+        if current is not None:
+            stream, utterance = current
+            self._output(stream, utterance, audio.pcm)
+            self._dirty[stream.slot] = None
+
+    def _batch_done(self, done: _BatchDone) -> None:
+        done.batch.lane.in_flight -= 1
+        self.stats.segments += len(done.batch.jobs)
+        self.stats.synth_seconds += done.seconds
+        for job in done.batch.jobs:
+            stream = self._streams.get(job.slot)
+            if stream is not None and stream.generation == job.generation:
+                stream.busy = False
+                self._dirty[stream.slot] = None
+            current = self._current(job)
+            if current is not None and done.error is not None:
+                self._fail(current[0], current[1], *done.error)
+
+    def _renew_resampler(self, stream: _Stream) -> None:
+        """A fresh resampler (a worker may still hold the old one for work now void)."""
+        stream.resampler = StreamingResampler(stream.voice.sample_rate, stream.sample_rate)
 
     def _synthesize_next(self, stream: _Stream) -> None:
         utterance = stream.utterances[0]
@@ -382,7 +594,7 @@ class Scheduler:
 
         started = time.perf_counter()
         try:
-            self._backend.synthesize(segment, stream.voice, emit)
+            stream.voice.backend.synthesize(segment, stream.voice.handle, emit)
         except BackendError as exc:
             self._fail(stream, utterance, exc.code, exc.message)
         except Exception:
@@ -458,7 +670,7 @@ class Scheduler:
 
     def _maybe_finish(self, stream: _Stream, utterance: _Utterance) -> bool:
         """End the head ``utterance`` if all of it is in the ring; True if it ended."""
-        if not utterance.final or utterance.segments:
+        if not utterance.final or utterance.segments or stream.busy:
             return False
         if not utterance.tail_flushed:
             utterance.tail_flushed = True
@@ -493,7 +705,7 @@ class Scheduler:
         end_pos: int | None = None
         if stream.utterances and stream.utterances[0] is utterance:
             stream.pending.clear()  # only the head utterance has output in flight
-            stream.resampler.reset()
+            self._renew_resampler(stream)
             if utterance.announced:
                 end_pos = stream.ring.write_pos
                 self._publish_boundary(stream, utterance.seq, end_pos)

@@ -16,13 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from engine.backends.base import (
-    Backend,
-    BackendError,
-    GpuMemoryReporter,
-    VoicePreparer,
-    VoiceSettings,
-)
+from engine.backends.base import BackendError, VoiceSettings
+from engine.backends.routing import BackendSet
 from engine.ipc.schema import (
     PROTOCOL_VERSION,
     Cancel,
@@ -278,7 +273,7 @@ class EngineServer:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: BackendSet,
         layout: EngineLayout,
         *,
         vad_model_factory: Callable[[], VadModel] | None = None,
@@ -314,8 +309,9 @@ class EngineServer:
         """Engine memory for admission: device memory when the backend is on a GPU,
         else this process's resident memory against the configured budget."""
         rss = resident_memory_bytes()
-        if isinstance(self.backend, GpuMemoryReporter):
-            used, total = self.backend.gpu_memory()
+        gpu = self.backend.gpu()
+        if gpu is not None:
+            used, total = gpu.gpu_memory()
             return MemoryUse(rss, used, total, used, total)
         return MemoryUse(rss, 0, 0, rss, self.memory_budget_bytes)
 
@@ -334,7 +330,8 @@ class EngineServer:
             voices=tuple(self.backend.voices()),
             vad=self.vad.load_error is None,
             backend_version=self.backend.version,
-            voice_cloning=isinstance(self.backend, VoicePreparer),
+            voice_cloning=self.backend.preparer is not None,
+            cloning_backend=self.backend.preparer.name if self.backend.preparer else "",
         )
 
     async def start(self, socket_path: str) -> None:

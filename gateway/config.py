@@ -34,7 +34,7 @@ class GatewaySettings:
     port: int = 8080
     redis_url: str | None = None
     redis_prefix: str = "ivr"  # key prefix: several deployments (or tests) share a Redis
-    engine_backend: str = "espeak"
+    engine_backend: str = ""  # ENGINE_BACKEND; "": the engine's default (piper,espeak or espeak)
     engine_socket: str | None = None  # attach to this engine instead of starting one
     engine_ready_timeout_s: float = 30.0
     engine_heartbeat_s: float = 1.0
@@ -83,7 +83,7 @@ class GatewaySettings:
             port=port,
             redis_url=env.get("GATEWAY_REDIS_URL") or None,
             redis_prefix=env.get("GATEWAY_REDIS_PREFIX") or "ivr",
-            engine_backend=env.get("ENGINE_BACKEND") or "espeak",
+            engine_backend=env.get("ENGINE_BACKEND") or "",
             engine_socket=env.get("ENGINE_SOCKET") or None,
             engine_ready_timeout_s=float(env_int(env, "ENGINE_READY_TIMEOUT_S", 30, minimum=1)),
             limits=limits,

@@ -10,6 +10,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.voices.registry import BackendInfo
 
 DEFAULT_MAX_TEXT_CHARS = 5000  # until the engine says otherwise
+#: The English voice callers hear when nobody chose one: the first the engine has.
+DEFAULT_VOICES = ("en-us-joe", "en-us")
 
 
 class EngineLink:
@@ -32,16 +34,28 @@ class EngineLink:
     def voice_ids(self) -> frozenset[str]:
         return frozenset(v.id for v in self.voices)
 
+    @property
+    def default_voice(self) -> str:
+        """The neural English voice when the engine has it, else espeak's."""
+        ids = self.voice_ids()
+        return next((v for v in DEFAULT_VOICES if v in ids), DEFAULT_VOICES[-1])
+
     def on_ready(self, client: EngineClient) -> None:
         welcome = client.welcome
         if welcome is not None:
             self.voices = welcome.voices
             self.max_text_chars = welcome.max_text_chars
+            # Registered voices are prepared and spoken by one backend: their base voice is
+            # one of its voices, never another backend's (a Piper voice cannot take an
+            # espeak profile).
+            cloning = welcome.cloning_backend
             self.backend = BackendInfo(
-                name=welcome.backend,
+                name=cloning or welcome.backend,
                 version=welcome.backend_version,
                 cloning=welcome.voice_cloning,
-                voices={v.id: v.language for v in welcome.voices},
+                voices={
+                    v.id: v.language for v in welcome.voices if not cloning or v.backend == cloning
+                },
             )
         self._metrics.engine_ready.set(1)
 

@@ -53,7 +53,7 @@ _TRANSITIONS: dict[EngineState, frozenset[EngineState]] = {
 @dataclass
 class SupervisorSettings:
     socket_path: str | None = None  # attach to this socket; None: spawn a private engine
-    backend: str = "espeak"
+    backend: str = ""  # "": the engine's own default (ENGINE_BACKEND, else what is installed)
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] | None = None
     ready_timeout: float = 20.0
@@ -176,8 +176,7 @@ class EngineSupervisor:
                 "engine",
                 "--socket",
                 self.socket_path,
-                "--backend",
-                self.settings.backend,
+                *(["--backend", self.settings.backend] if self.settings.backend else []),
                 "--parent-pid",
                 str(os.getpid()),
                 "--shm-dir",

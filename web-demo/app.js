@@ -17,6 +17,8 @@ const PREFS_KEY = "ivr-demo-prefs";
 const IDLE_CLOSE_MS = 120_000; // close an unused session after 2 minutes
 const LOG_LIMIT = 300; // lines in the protocol log
 const HISTORY_LIMIT = 30; // utterances in the history list
+// The English voice a new user hears: the neural one when the engine has it.
+const PREFERRED_VOICES = ["en-us-joe", "en-us"];
 const DEFAULT_VOICE = "en-us"; // used until the voice list has loaded
 const DEFAULT_LANGUAGES = ["en-US", "zh-CN", "zh-HK"];
 
@@ -348,7 +350,8 @@ function fillVoices(voices, selectId) {
     el.voice.append(optgroup);
   }
   const ids = voices.map((v) => v.id);
-  el.voice.value = ids.includes(previous) ? previous : ids.includes("en-us") ? "en-us" : ids[0] || "";
+  const preferred = PREFERRED_VOICES.find((id) => ids.includes(id));
+  el.voice.value = ids.includes(previous) ? previous : preferred || ids[0] || "";
   el.voice.disabled = voices.length === 0;
   demo.voices = ids;
   const languages = [...new Set(voices.map((v) => v.language).filter(Boolean))];

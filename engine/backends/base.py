@@ -1,10 +1,17 @@
 """The interface every TTS backend implements, and the backend registry.
 
-A backend is owned by exactly one thread (the scheduler's worker thread): none of its
-methods is ever called concurrently, so backends wrapping non-thread-safe libraries
-(espeak-ng) need no locking. ``synthesize`` is called once per text segment (a sentence
-or a clause, see :mod:`engine.text`) and streams audio out through ``emit`` as the
-backend produces it.
+Two forms of synthesis:
+
+- per segment (:class:`Backend`): ``synthesize`` is called once per text segment (a
+  sentence or a clause, see :mod:`engine.text`) and streams audio out through ``emit``
+  as the backend produces it. Such a backend is driven by one thread at a time, so
+  backends wrapping non-thread-safe libraries (espeak-ng) need no locking.
+- batched (:class:`BatchSynthesizer`): ``synthesize_batch`` takes up to ``max_batch``
+  segments of many streams (one :meth:`~BatchSynthesizer.batch_key`) and emits each
+  one's audio, tagged with its index, as it is produced; ``threads`` calls may run at
+  once, on as many worker threads. A one-shot model (Piper) emits each segment's audio
+  when the call returns; an autoregressive model implements it step by step: one decode
+  step for every segment of the batch, then the chunks that step produced.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ class VoiceSettings:
 class Backend(Protocol):
     name: str
     version: str  # changes whenever its output or its voice features change
-    native_sample_rate: int
+    native_sample_rate: int  # the rate of its voices, unless voice_sample_rate says other
     max_text_chars: int
 
     def voices(self) -> Sequence[VoiceInfo]:
@@ -72,7 +79,41 @@ class Backend(Protocol):
         """
         ...
 
+    def voice_sample_rate(self, voice: object) -> int:
+        """The rate of the audio ``voice`` (a :meth:`resolve_voice` handle) produces."""
+        ...
+
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SynthesisJob:
+    """One segment of one stream in a batch: normalized text and a voice handle."""
+
+    text: str
+    voice: object
+
+
+# Receives (job index, int16 PCM of that job); False: that job is no longer wanted.
+BatchEmit = Callable[[int, PcmChunk], bool]
+
+
+@runtime_checkable
+class BatchSynthesizer(Protocol):
+    """Backends that run several segments in one call, on several threads at once."""
+
+    max_batch: int  # the most jobs one call takes
+    threads: int  # how many calls may run at once
+
+    def batch_key(self, voice: object) -> object:
+        """Jobs batch together only when their voices' keys are equal (one model)."""
+        ...
+
+    def synthesize_batch(self, jobs: Sequence[SynthesisJob], emit: BatchEmit) -> None:
+        """Synthesize every job (all with one :meth:`batch_key`), calling ``emit`` for each
+        job's audio in order. Thread-safe. Raises :class:`BackendError` for the whole
+        batch."""
+        ...
 
 
 @runtime_checkable
@@ -122,7 +163,8 @@ def backend_names() -> list[str]:
 
 def _load_builtin_backends() -> None:
     # Imported lazily so that a backend's heavy dependencies load only when chosen.
-    from engine.backends import espeak, synthetic
+    from engine.backends import espeak, piper, synthetic
 
     espeak.register()
+    piper.register()
     synthetic.register()

@@ -36,6 +36,7 @@ from engine.backends.base import (
     VoiceSettings,
     register_backend,
 )
+from engine.backends.espeak_lib import EE_OK, ESPEAK_CHARS_UTF8, library
 from engine.ipc.schema import VoiceInfo
 from engine.voice_profile import (
     HOP_S,
@@ -51,15 +52,10 @@ from engine.voice_profile import (
     speaking_rate,
 )
 
-AUDIO_OUTPUT_SYNCHRONOUS = 2
-ESPEAK_INITIALIZE_DONT_EXIT = 0x8000
 POS_CHARACTER = 1
-ESPEAK_CHARS_UTF8 = 1
 ESPEAK_RATE = 1
 ESPEAK_PITCH = 3
 ESPEAK_RANGE = 4
-EE_OK = 0
-BUFFER_MS = 200
 DEFAULT_RATE_WPM = 175
 DEFAULT_PITCH = 50  # espeakPITCH and espeakRANGE defaults
 DEFAULT_RANGE = 50
@@ -397,48 +393,19 @@ class EspeakBackend:
 
     def __init__(self) -> None:
         global _instance_created
-        import espeakng_loader
-
         with _instance_lock:
             if _instance_created:
                 raise RuntimeError("espeak-ng supports one backend instance per process")
             _instance_created = True
-        self._lib = ctypes.CDLL(espeakng_loader.get_library_path())
-        self._lib.espeak_Initialize.restype = ctypes.c_int
-        self._lib.espeak_Initialize.argtypes = [
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_int,
-        ]
-        self._lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
-        self._lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        self._lib.espeak_Info.restype = ctypes.c_char_p
-        self._lib.espeak_Info.argtypes = [ctypes.c_void_p]
-        self._lib.espeak_Synth.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_uint,
-            ctypes.c_int,
-            ctypes.c_uint,
-            ctypes.c_uint,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-        ]
-        data_path = espeakng_loader.get_data_path().encode()
-        rate = self._lib.espeak_Initialize(
-            AUDIO_OUTPUT_SYNCHRONOUS, BUFFER_MS, data_path, ESPEAK_INITIALIZE_DONT_EXIT
-        )
-        if rate <= 0:
-            raise RuntimeError(f"espeak_Initialize failed ({rate})")
-        self.native_sample_rate: int = rate
+        self._espeak = library()
+        self._lib = self._espeak.lib
+        self.native_sample_rate: int = self._espeak.sample_rate
         self._emit: EmitFn | None = None
         self._aborted = False
         self._callback = _SynthCallback(self._on_audio)  # keep a reference: C holds it
         self._lib.espeak_SetSynthCallback(self._callback)
-        self._current: EspeakVoice | None = None
-        library = (self._lib.espeak_Info(None) or b"unknown").decode("ascii", "replace")
-        self.version = f"espeak-ng-{library}/profile-{PROFILE_VERSION}/cal-{CALIBRATION_VERSION}"
+        version = self._espeak.version
+        self.version = f"espeak-ng-{version}/profile-{PROFILE_VERSION}/cal-{CALIBRATION_VERSION}"
         # Voice matching, measured lazily: (variant, base voice) -> pitch calibration,
         # (variant, base voice, pitch, range) -> its points, voice -> rate calibration.
         self._calibrations: dict[tuple[str, str], EspeakCalibration] = {}
@@ -481,10 +448,11 @@ class EspeakBackend:
         )
 
     def _apply(self, voice: EspeakVoice) -> None:
-        if voice == self._current:
+        """Make ``voice`` espeak's current voice (the caller holds the library lock)."""
+        if voice == self._espeak.current:
             return
         if self._lib.espeak_SetVoiceByName(voice.name.encode()) != EE_OK:
-            self._current = None
+            self._espeak.current = None
             raise BackendError("backend_error", f"espeak has no voice {voice.name!r}")
         self._lib.espeak_SetParameter(ESPEAK_RATE, voice.rate_wpm, 0)
         # Always set both: espeak keeps them across espeak_SetVoiceByName, so a plain
@@ -493,7 +461,7 @@ class EspeakBackend:
         pitch_range = DEFAULT_RANGE if voice.pitch_range is None else voice.pitch_range
         self._lib.espeak_SetParameter(ESPEAK_PITCH, pitch, 0)
         self._lib.espeak_SetParameter(ESPEAK_RANGE, pitch_range, 0)
-        self._current = voice
+        self._espeak.current = voice
 
     def _on_audio(self, wav: object, count: int, _events: object) -> int:
         if self._aborted:
@@ -510,15 +478,16 @@ class EspeakBackend:
             raise TypeError("voice must come from resolve_voice")
         if len(text) > self.max_text_chars:
             raise BackendError("text_too_long", f"segment over {self.max_text_chars} chars")
-        self._apply(voice)
         data = text.encode("utf-8") + b"\0"
-        self._emit, self._aborted = emit, False
-        try:
-            status = self._lib.espeak_Synth(
-                data, len(data), 0, POS_CHARACTER, 0, ESPEAK_CHARS_UTF8, None, None
-            )
-        finally:
-            self._emit = None
+        with self._espeak.lock:
+            self._apply(voice)
+            self._emit, self._aborted = emit, False
+            try:
+                status = self._lib.espeak_Synth(
+                    data, len(data), 0, POS_CHARACTER, 0, ESPEAK_CHARS_UTF8, None, None
+                )
+            finally:
+                self._emit = None
         if status != EE_OK:
             raise BackendError("backend_error", f"espeak_Synth failed ({status})")
 
@@ -711,8 +680,12 @@ class EspeakBackend:
         self._rate_calibrations[voice] = calibration
         return calibration
 
+    def voice_sample_rate(self, voice: object) -> int:
+        return self.native_sample_rate
+
     def close(self) -> None:
-        self._lib.espeak_Terminate()
+        """Nothing to release: the library is the process's (the Piper backend may
+        still phonemize with it); it goes with the process."""
 
 
 def _clamp_rate(rate_wpm: int) -> int:

@@ -93,6 +93,9 @@ class SyntheticBackend:
             if not emit(pcm):
                 return
 
+    def voice_sample_rate(self, voice: object) -> int:
+        return self.native_sample_rate
+
     def close(self) -> None:
         pass
 

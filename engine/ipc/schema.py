@@ -119,7 +119,10 @@ class Welcome(Message):
     voices: tuple[VoiceInfo, ...]
     vad: bool = False  # caller-audio VAD available
     backend_version: str = ""  # changes when the backend's voice features change
-    voice_cloning: bool = False  # the backend implements PrepareVoice
+    voice_cloning: bool = False  # a backend implements PrepareVoice
+    # The backend that prepares registered voices and speaks them ("" when none): their
+    # base voice is one of its voices (each VoiceInfo names its backend).
+    cloning_backend: str = ""
 
 
 class Pong(Message):

@@ -41,7 +41,6 @@ from gateway.wsframe import FrameWriter
 from telephony.limits import DTMF_DIGITS
 
 log = logging.getLogger(__name__)
-DEFAULT_VOICE = "en-us"
 MAX_SAY_CHARS = 2000
 #: Marks sent to the vendor and not yet reported played. A vendor that stops echoing
 #: marks (or stops playing) would otherwise make this grow for the whole call; beyond it,
@@ -178,7 +177,8 @@ class TelephonyLeg(Connection):
         fmt = FORMATS[format_name]
         try:
             voice, profile = await self._state.resolve_voice(
-                self.principal.tenant, parameters.get("voice") or DEFAULT_VOICE
+                self.principal.tenant,
+                parameters.get("voice") or self._state.engine.default_voice,
             )
             await self.session.start(
                 StartOptions(

@@ -13,6 +13,7 @@ import pytest
 
 from engine.backends.base import Backend, BackendError, EmitFn, PcmChunk, VoiceSettings
 from engine.backends.espeak import EspeakBackend
+from engine.backends.routing import BackendSet
 from engine.backends.synthetic import CHAR_MS, SyntheticBackend
 from engine.ipc.boundaries import RECORD, BoundaryReader
 from engine.ipc.ring import SpscRing
@@ -102,7 +103,7 @@ def make_ring(capacity: int) -> SpscRing:
 
 def segments_for(pieces: Sequence[str]) -> list[str]:
     """The segments the scheduler synthesizes for an utterance fed as ``pieces``."""
-    splitter = SegmentSplitter()
+    splitter = SegmentSplitter(language="und")  # the synthetic voices' language
     out: list[str] = []
     for piece in pieces:
         out += splitter.feed(piece)
@@ -188,7 +189,7 @@ class Harness:
             owner=f"owner-{slot}",
             ring=ring,
             boundaries=self.boundaries[slot],
-            voice=self.backend.resolve_voice(VoiceSettings(voice, speed)),
+            voice=BackendSet([self.backend]).resolve_voice(VoiceSettings(voice, speed)),
             sample_rate=sample_rate,
         )
         return ring
@@ -211,7 +212,10 @@ def make_harness() -> Iterator[MakeHarness]:
         backend = SyntheticBackend() if backend is None else backend
         events = EventLog()
         scheduler = Scheduler(
-            backend, events, max_text_chars=max_text_chars, tap_directory=tap_directory
+            BackendSet([backend]),
+            events,
+            max_text_chars=max_text_chars,
+            tap_directory=tap_directory,
         )
         schedulers.append(scheduler)
         scheduler.start()
@@ -758,6 +762,9 @@ class FlakyBackend:
 
     def resolve_voice(self, settings: VoiceSettings) -> object:
         return self._inner.resolve_voice(settings)
+
+    def voice_sample_rate(self, voice: object) -> int:
+        return NATIVE_RATE
 
     def synthesize(self, text: str, voice: object, emit: EmitFn) -> None:
         if "CRASH" in text:

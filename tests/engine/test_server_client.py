@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from engine.backends.base import PcmChunk, VoiceSettings
+from engine.backends.routing import BackendSet
 from engine.backends.synthetic import CHAR_MS, SyntheticBackend
 from engine.ipc.boundaries import BoundaryReader
 from engine.ipc.client import EngineClient, EngineRejected, EngineStream, EngineUnavailable
@@ -96,7 +97,7 @@ async def start_engine(tmp_path: Path) -> AsyncIterator[StartEngine]:
         layout = EngineLayout(region, arena, slots, OUT_RING, IN_RING)
         backend = SyntheticBackend()
         backend.rtf = rtf  # seconds of compute per second of audio
-        server = EngineServer(backend, layout, vad_model_factory=LoudnessVad)
+        server = EngineServer(BackendSet([backend]), layout, vad_model_factory=LoudnessVad)
         socket_path, short = _socket_path(tmp_path)
         if short is not None:
             short_dirs.append(short)
@@ -166,7 +167,7 @@ async def until(condition: Callable[[], object], timeout: float = WAIT_S) -> Non
 def expected_pcm(text: str, voice: str = "en-us") -> bytes:
     backend = SyntheticBackend()
     handle = backend.resolve_voice(VoiceSettings(voice))
-    splitter = SegmentSplitter()
+    splitter = SegmentSplitter(language="und")  # the synthetic voices' language
     chunks: list[bytes] = []
 
     def emit(chunk: PcmChunk) -> bool:

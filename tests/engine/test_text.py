@@ -1,38 +1,56 @@
-"""Tests for engine.text: normalize() and the incremental SegmentSplitter."""
+"""Tests for engine.text: normalize() and the incremental SegmentSplitter.
+
+Segments are in their spoken form (engine.normalize.spoken) in the splitter's language,
+en-US by default. Tests about where cuts fall and what is kept use ``language=PLAIN``, a
+language without normalization rules, so the written text comes back as written.
+"""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from engine.text import SegmentSplitter, map_characters, normalize
+from engine.normalize import spoken
+from engine.text import (
+    FIRST_SEGMENT_MAX_CJK_CHARS,
+    FIRST_SEGMENT_MAX_WORDS,
+    SegmentSplitter,
+    _limit,
+    map_characters,
+    normalize,
+)
+
+PLAIN = "x-plain"  # no normalization rules: segments stay as written
 
 # --------------------------------------------------------------------------- helpers
 
 
 def make_splitter(
     *,
+    language: str = SegmentSplitter.language,
     max_segment_chars: int = SegmentSplitter.max_segment_chars,
     first_clause_min_chars: int = SegmentSplitter.first_clause_min_chars,
     clause_split_chars: int = SegmentSplitter.clause_split_chars,
 ) -> SegmentSplitter:
     return SegmentSplitter(
+        language=language,
         max_segment_chars=max_segment_chars,
         first_clause_min_chars=first_clause_min_chars,
         clause_split_chars=clause_split_chars,
     )
 
 
-def split_at_once(text: str, **kwargs: int) -> list[str]:
+def split_at_once(text: str, **kwargs: Any) -> list[str]:
     """Feed ``text`` in one piece, then flush."""
     splitter = make_splitter(**kwargs)
     return splitter.feed(text) + splitter.flush()
 
 
-def split_char_by_char(text: str, **kwargs: int) -> list[str]:
+def split_char_by_char(text: str, **kwargs: Any) -> list[str]:
     """Feed ``text`` one character at a time, then flush."""
     splitter = make_splitter(**kwargs)
     out: list[str] = []
@@ -246,38 +264,40 @@ def test_later_clauses_cut_only_when_long():
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "said"),
     [
-        "Pi is 3.14 today.",
-        "Dr. Smith will call you.",
-        "Mr. and Mrs. Jones are here.",
-        "Meet me at St. Mary's.",
-        "We offer loans e.g. mortgages.",
-        "Version 2.0.1 is out.",
+        ("Pi is 3.14 today.", "Pi is three point one four today."),
+        ("Dr. Smith will call you.", "Doctor Smith will call you."),
+        ("Mr. and Mrs. Jones are here.", "Mister and Missus Jones are here."),
+        ("Meet me at St. Mary's.", "Meet me at Saint Mary's."),
+        ("We offer loans e.g. mortgages.", "We offer loans for example mortgages."),
+        ("Version 2.0.1 is out.", "Version two point zero point one is out."),
     ],
 )
-def test_decimals_and_abbreviations_are_not_split(text):
-    assert split_at_once(text) == [text]
-    assert split_char_by_char(text) == [text]
+def test_decimals_and_abbreviations_are_not_split(text, said):
+    assert split_at_once(text) == [said]
+    assert split_char_by_char(text) == [said]
+    assert split_at_once(text, language=PLAIN) == [text]
+    assert split_char_by_char(text, language=PLAIN) == [text]
 
 
 def test_trailing_number_dot_waits_for_more_input():
     splitter = SegmentSplitter()
     assert splitter.feed("It costs 3.") == []
-    assert splitter.flush() == ["It costs 3."]
+    assert splitter.flush() == ["It costs three."]
 
 
 def test_trailing_number_dot_continued_as_decimal():
     splitter = SegmentSplitter()
     assert splitter.feed("It costs 3.") == []
-    assert splitter.feed("50 dollars. ") == ["It costs 3.50 dollars."]
+    assert splitter.feed("50 dollars. ") == ["It costs three dollars and fifty cents."]
     assert splitter.flush() == []
 
 
 def test_trailing_dot_followed_by_space_is_a_boundary():
     splitter = SegmentSplitter()
     assert splitter.feed("It costs 3.") == []
-    assert splitter.feed(" Thank you") == ["It costs 3."]
+    assert splitter.feed(" Thank you") == ["It costs three."]
     assert splitter.flush() == ["Thank you"]
 
 
@@ -313,9 +333,13 @@ def test_long_run_without_punctuation_is_cut_at_spaces():
 
 
 def test_long_run_without_spaces_is_cut_hard():
+    # The first segment ends after FIRST_SEGMENT_MAX_CJK_CHARS characters; later ones
+    # at the last word boundary jieba sees within 200 characters ("好好" is a word, and
+    # the end of the window is no known boundary).
     text = "好" * 450
     segments = split_at_once(text)
-    assert [len(s) for s in segments] == [200, 200, 50]
+    assert [len(s) for s in segments] == [12, 198, 198, 42]
+    assert "".join(segments) == text
 
 
 @pytest.mark.parametrize("text", ["", "   ", "...", "!!! ??? ...", "。。。", "★★★", "*~*", ", ; :"])
@@ -418,6 +442,7 @@ def test_segment_contract(text, max_chars, first_min, clause_chars, incremental)
     split = split_char_by_char if incremental else split_at_once
     segments = split(
         text,
+        language=PLAIN,
         max_segment_chars=max_chars,
         first_clause_min_chars=first_min,
         clause_split_chars=clause_chars,
@@ -432,7 +457,7 @@ def test_segment_contract(text, max_chars, first_min, clause_chars, incremental)
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=300))
 def test_no_speakable_character_lost_on_arbitrary_text(text):
-    segments = split_at_once(text)
+    segments = split_at_once(text, language=PLAIN)
     assert all(any(ch.isalnum() for ch in s) for s in segments)
     assert speakable("".join(segments)) == speakable(normalize(text))
 
@@ -445,7 +470,7 @@ def test_comma_at_end_of_fed_text_waits_for_more_input():
     out = splitter.feed("Your balance is 1,")
     out += splitter.feed("234 dollars.")
     out += splitter.flush()
-    assert speakable(out[0]) == speakable("Your balance is 1,234 dollars.")
+    assert out == ["Your balance is one thousand two hundred thirty-four dollars."]
 
 
 @pytest.mark.parametrize("text", ["The time is 10:30 now.", "Total 1,000 dollars.", "333!33"])
@@ -467,3 +492,281 @@ def test_hard_cut_segment_respects_limit_after_normalization():
 def test_abbreviation_detection_independent_of_chunking():
     text = "please. 谢谢;no。 稍候、 请! "
     assert split_char_by_char(text) == split_at_once(text)
+
+
+# ------------------------------------------- spoken form, IVR-friendly cuts (languages)
+
+
+def test_default_language_is_american_english():
+    splitter = SegmentSplitter()  # as engine/scheduler.py constructs it
+    assert splitter.language == "en-US"
+    assert splitter.feed("Your balance is $120.50. ") == [
+        "Your balance is one hundred twenty dollars and fifty cents."
+    ]
+
+
+def test_language_selects_the_rules():
+    assert split_at_once("Press #.", language="en-GB") == ["Press hash."]
+    assert split_at_once("余额为¥120.50。", language="zh-CN") == ["余额为一百二十元五角."]
+    assert split_at_once("$120.50 today.", language="fr-FR") == ["$120.50 today."]
+
+
+def test_amount_split_across_feeds_is_one_amount():
+    splitter = SegmentSplitter()
+    out = splitter.feed("It costs $1")
+    out += splitter.feed("20.50 in total.")
+    out += splitter.flush()
+    assert out == ["It costs one hundred twenty dollars and fifty cents in total."]
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["Call 555-", "0100 now."],
+        ["Call 555", "-0100 now."],
+        ["It is 9:", "30 now."],
+        ["Total 1,234", ".50 dollars."],
+        ["Pi is 3", ".", "5 now."],
+        ["Ask Dr", ". Smith now."],
+        ["Your account is 00", "42 thanks."],
+        ["余额为¥1", "20.50元。"],
+    ],
+)
+def test_numbers_split_across_feeds_read_as_one(pieces):
+    whole = "".join(pieces)
+    language = "zh-CN" if _CJK.search(whole) else "en-US"
+    splitter = SegmentSplitter(language=language)
+    out: list[str] = []
+    for piece in pieces:
+        out += splitter.feed(piece)
+    out += splitter.flush()
+    assert out == split_at_once(whole, language=language)
+    assert len(out) == 1
+    assert not any(ch.isdigit() for ch in out[0])
+
+
+def test_first_segment_is_bounded_in_words():
+    text = (
+        "Thank you for calling the Acme Bank support line where we are always happy "
+        "to help you today."
+    )
+    segments = split_at_once(text)
+    assert segments[0] == "Thank you for calling the Acme Bank support"
+    assert len(segments[0].split()) == FIRST_SEGMENT_MAX_WORDS
+    assert segments[1:] == ["line where we are always happy to help you today."]
+    assert split_char_by_char(text) == segments
+
+
+def test_first_segment_bound_moves_past_glued_tokens():
+    # The 8th word is "account": no cut before its digits, nor right after them (a token
+    # with digits keeps the next word: it may be a unit).
+    text = "Please have your card ready and your account 0042 handy for the agent to see today."
+    segments = split_at_once(text)
+    assert segments[0] == "Please have your card ready and your account zero zero four two handy"
+    assert segments[1] == "for the agent to see today."
+
+
+def test_first_segment_bound_strands_no_last_words():
+    # A clause that ends within three more words is not cut at the bound.
+    text = "Please have your card ready and your account 0042 handy for the agent, thanks."
+    segments = split_at_once(text)
+    assert segments[0] == (
+        "Please have your card ready and your account zero zero four two handy for the agent"
+    )
+    assert segments[1] == "thanks."
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        # the cut comes after the bound, never between the tokens of a reading
+        ("One two three four five six seven Dr. Smith will see you now.", "Doctor Smith"),
+        ("One two three four five six seven eight 5 kg of rice arrive today.", "five kilograms"),
+        ("One two three four five six seven on Dec 3 we will call you back.", "December third"),
+        ("One two three four five six seven at 9:30 am we open the doors.", "nine thirty AM"),
+        ("One two three four five six seven e.g. this one is an example.", "for example this"),
+        (
+            "One two three four five six seven call +1 (555) 123-4567 for help with your bill.",
+            "four five six seven",
+        ),
+    ],
+)
+def test_first_segment_bound_never_splits_a_reading(text, said):
+    segments = split_at_once(text)
+    assert len(segments) == 2
+    assert any(said in segment for segment in segments)
+    assert split_char_by_char(text) == segments
+
+
+def test_first_segment_is_bounded_in_chinese_characters():
+    text = "欢迎致电某某银行信用卡中心我们将竭诚为您服务请您耐心等待。"
+    segments = split_at_once(text, language="zh-CN")
+    # Cut at the first word boundary after 12 characters: "中心" is not broken.
+    assert segments[0] == "欢迎致电某某银行信用卡中心"
+    assert len(segments[0]) >= FIRST_SEGMENT_MAX_CJK_CHARS
+    assert segments[1:] == ["我们将竭诚为您服务请您耐心等待."]
+    assert split_char_by_char(text, language="zh-CN") == segments
+
+
+def test_chinese_bound_never_splits_a_date():
+    text = "您好请您准备好您的银行卡和身份证件我们将在2026年12月3日联系您。"
+    segments = split_at_once(text, language="zh-CN")
+    assert "二零二六年十二月三日" in "".join(segments)
+    assert split_char_by_char(text, language="zh-CN") == segments
+
+
+@pytest.mark.parametrize(
+    ("text", "segments"),
+    [
+        # a comma between numbers, a colon before a number: no clause boundary
+        (
+            "Your visit is on Dec 3, 2026 at 9:30 am, please arrive early.",
+            [
+                "Your visit is on December third, twenty twenty-six at nine thirty AM",
+                "please arrive early.",
+            ],
+        ),
+        (
+            "Your order number: 12345 has shipped.",
+            ["Your order number: one two three, four five has shipped."],
+        ),
+        ("尾号：1234的卡已还款。", ["尾号:一二三四的卡已还款."]),
+        # the Chinese comma after a number still ends the first clause
+        (
+            "您的验证码是123456，请在5分钟内输入。",
+            ["您的验证码是一二三, 四五六", "请在五分钟内输入."],
+        ),
+    ],
+)
+def test_boundaries_around_numbers(text, segments):
+    language = "zh-CN" if _CJK.search(text) else "en-US"
+    assert split_at_once(text, language=language) == segments
+    assert split_char_by_char(text, language=language) == segments
+
+
+def test_colon_and_comma_wait_for_the_next_character():
+    splitter = SegmentSplitter()
+    assert splitter.feed("Your code is:") == []
+    assert splitter.feed(" 1") == []
+    assert splitter.feed("234 thanks.") == []
+    assert splitter.flush() == ["Your code is: one two three four thanks."]
+
+
+def test_spoken_form_never_exceeds_max_segment_chars():
+    text = "Pay $1,234,567.89 or $7,654,321.98 now. " * 3
+    segments = split_at_once(text, max_segment_chars=60)
+    assert all(0 < len(s) <= 60 for s in segments)
+    assert "one million two hundred thirty-four thousand" in " ".join(segments)
+
+
+def test_star_key_survives_until_spoken():
+    assert split_at_once("Press * to go back.") == ["Press star to go back."]
+    assert split_at_once("Dial *72 now.") == ["Dial star seven two now."]
+    assert split_at_once("*Important* please hold.") == ["Important please hold."]
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("press *", "press *"),
+        ("press the * key", "press the * key"),
+        ("*72", "*72"),
+        ("*#06#", "*#06#"),
+        ("按*号键", "按*号键"),
+        ("* Press 1 for sales", "Press 1 for sales"),  # a markdown bullet
+        ("**Note:** hold", "Note: hold"),
+        ("30°C", "30°C"),
+    ],
+)
+def test_normalize_keeps_keys_and_degrees(raw, expected):
+    assert normalize(raw) == expected
+
+
+def test_word_segmenter_loads_once():
+    from engine.text import load_word_segmenter, word_ends
+
+    assert load_word_segmenter() is load_word_segmenter()
+    assert word_ends("欢迎致电某某银行") == [2, 4, 6, 8]
+
+
+# Property: the language changes how each segment is said, never where it is cut. The
+# segments in a language are exactly the written (PLAIN) segments, each said on its own.
+
+_IVR_WORDS = [
+    "$1",
+    "20.50",
+    "$120.50",
+    "Dr.",
+    "Smith",
+    "St.",
+    "Mary's",
+    "account",
+    "number",
+    "0042",
+    "12345678",
+    "9:30",
+    "am",
+    "Dec",
+    "3,",
+    "2026",
+    "5",
+    "kg",
+    "press #",
+    "press *",
+    "*72",
+    "555-0100",
+    "No.",
+    "e.g.",
+    "15%",
+    "1st",
+    "hello",
+    "please",
+    "hold",
+    "你好",
+    "尾号",
+    "1234",
+    "第",
+    "2",
+    "个",
+    "欢迎致电",
+    "验证码",
+    "2026年12月3日",
+]
+_IVR_SEPARATORS = [" ", " ", " ", ", ", ". ", "! ", ": ", "", "。", "，"]
+ivr_texts = st.lists(
+    st.tuples(st.sampled_from(_IVR_WORDS), st.sampled_from(_IVR_SEPARATORS)), max_size=30
+).map(lambda units: "".join(w + p for w, p in units))
+
+
+@settings(max_examples=150, deadline=None)
+@given(ivr_texts, st.sampled_from(["en-US", "en-GB", "zh-CN", "yue"]), st.booleans())
+def test_segments_are_the_written_segments_said_alone(text, language, incremental):
+    split = split_char_by_char if incremental else split_at_once
+    written = split(text, language=PLAIN)
+    said = split(text, language=language)
+    expected = [
+        piece
+        for segment in written
+        for piece in _limit(normalize(spoken(segment, language)), SegmentSplitter.max_segment_chars)
+    ]
+    assert said == [s for s in expected if any(ch.isalnum() for ch in s)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(ivr_texts, st.sampled_from(["en-US", "zh-CN"]), st.data())
+def test_random_chunking_matches_feeding_at_once_in_every_language(text, language, data):
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(text)), max_size=8)))
+    splitter = SegmentSplitter(language=language)
+    out: list[str] = []
+    for lo, hi in zip([0, *cuts], [*cuts, len(text)], strict=True):
+        out += splitter.feed(text[lo:hi])
+    out += splitter.flush()
+    assert out == split_at_once(text, language=language)
+    assert all(0 < len(s) <= SegmentSplitter.max_segment_chars for s in out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200), st.sampled_from(["en-US", "en-GB", "zh-CN", "yue"]))
+def test_arbitrary_text_never_raises_in_any_language(text, language):
+    segments = split_at_once(text, language=language)
+    assert all(any(ch.isalnum() for ch in s) and len(s) <= 200 for s in segments)

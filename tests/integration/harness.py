@@ -65,6 +65,9 @@ class GatewayProcess:
             "PYTHONUNBUFFERED": "1",
             "GATEWAY_VOICE_DIR": str(log_path.parent / "voices"),
             "GATEWAY_DRAIN_TIMEOUT_S": "1",  # tests stop gateways with sessions still open
+            # espeak unless a test asks for another backend: fast, deterministic timing
+            # (the neural voice has tests of its own, tests/integration/test_neural.py)
+            "ENGINE_BACKEND": "espeak",
             **env,
         }
         self.env.pop("GATEWAY_JWT_PUBLIC_KEY", None)

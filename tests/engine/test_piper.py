@@ -1,0 +1,274 @@
+"""The Piper backend on the real bundled voice (en_US-joe-medium), several backends in one
+engine, and the scheduler's worker lanes running it on threads."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.backends.base import (
+    BackendError,
+    BatchEmit,
+    SynthesisJob,
+    UnknownVoice,
+    VoiceSettings,
+)
+from engine.backends.espeak import EspeakBackend
+from engine.backends.piper import (
+    BUNDLED_VOICE_ID,
+    PiperBackend,
+    PiperVoice,
+    bundled_voice_installed,
+    find_voices,
+    voice_directories,
+    voice_id,
+)
+from engine.backends.routing import BackendSet
+from engine.backends.synthetic import SyntheticBackend, ToneVoice
+from engine.ipc.ring import SpscRing
+from engine.ipc.schema import Message, VoiceInfo
+from engine.scheduler import Scheduler
+from tests.engine.test_scheduler import EventLog, make_ring
+
+pytestmark = pytest.mark.skipif(not bundled_voice_installed(), reason="no bundled Piper voice")
+
+RATE = 22050
+
+
+@pytest.fixture(scope="module")
+def piper() -> Iterator[PiperBackend]:
+    backend = PiperBackend(threads=2, max_batch=4)
+    yield backend
+    backend.close()
+
+
+def level_dbfs(pcm: np.ndarray) -> float:
+    return float(20 * np.log10(np.sqrt(np.mean(pcm.astype(np.float64) ** 2)) / 32768))
+
+
+def speak(backend: PiperBackend, text: str, voice: PiperVoice) -> np.ndarray:
+    out: list[np.ndarray] = []
+
+    def collect(chunk: np.ndarray) -> bool:
+        out.append(chunk)
+        return True
+
+    backend.synthesize(text, voice, collect)
+    return np.concatenate(out)
+
+
+def test_the_bundled_voice_speaks_a_sentence(piper: PiperBackend) -> None:
+    assert [v.id for v in piper.voices()] == [BUNDLED_VOICE_ID]
+    voice = piper.resolve_voice(VoiceSettings(BUNDLED_VOICE_ID))
+    assert piper.voice_sample_rate(voice) == RATE
+    pcm = speak(piper, "Thank you for calling. Please hold.", voice)
+    seconds = len(pcm) / RATE
+    assert 1.2 < seconds < 4.0, seconds  # about 14 syllables at a calm pace
+    assert -35 < level_dbfs(pcm) < -12  # speech, not silence and not clipping
+    assert np.abs(pcm.astype(np.int32)).max() < 32767
+    faster = piper.resolve_voice(VoiceSettings(BUNDLED_VOICE_ID, speed=2.0))
+    assert len(speak(piper, "Thank you for calling. Please hold.", faster)) < 0.7 * len(pcm)
+
+
+def test_a_batch_equals_single_runs(piper: PiperBackend) -> None:
+    model = piper.resolve_voice(VoiceSettings(BUNDLED_VOICE_ID)).model
+    assert model.batched and model.hop == 256
+    texts = ["Hello there.", "Your balance is one hundred twenty dollars.", "Goodbye."]
+    sequences = [model.phoneme_ids(t) for t in texts]
+    deterministic = (0.0, 1.0, 0.0)  # no sampling noise, so runs can be compared
+    batched = model.synthesize(sequences, deterministic, [0, 0, 0])
+    for sequence, audio in zip(sequences, batched, strict=True):
+        [single] = model.synthesize([sequence], deterministic, [0])
+        assert len(audio) == len(single)
+        assert np.abs(audio.astype(np.int32) - single.astype(np.int32)).max() <= 64
+
+
+def test_phonemes_keep_clause_punctuation(piper: PiperBackend) -> None:
+    model = piper.resolve_voice(VoiceSettings(BUNDLED_VOICE_ID)).model
+    ids = model.phoneme_ids("Hello, world. Ready?")
+    table = model.config.phoneme_ids
+    assert ids[0] == table["^"][0] and ids[-1] == table["$"][0]
+    for mark in ",.?":
+        assert table[mark][0] in ids
+
+
+def test_resolve_rejects_what_piper_cannot_do(piper: PiperBackend) -> None:
+    with pytest.raises(UnknownVoice):
+        piper.resolve_voice(VoiceSettings("en-us"))
+    with pytest.raises(BackendError) as info:
+        piper.resolve_voice(VoiceSettings(BUNDLED_VOICE_ID, profile=b"{}"))
+    assert info.value.code == "voice_cloning_unsupported"
+    with pytest.raises(BackendError) as info:
+        piper.resolve_voice(VoiceSettings(BUNDLED_VOICE_ID, speed=9))
+    assert info.value.code == "invalid_speed"
+
+
+def test_voices_come_from_a_directory(tmp_path: Path) -> None:
+    bundled = voice_directories({})[0]
+    model = tmp_path / "zh_CN-test-medium.onnx"
+    model.symlink_to(bundled / "en_US-joe-medium.onnx")
+    config = json.loads((bundled / "en_US-joe-medium.onnx.json").read_text())
+    config["language"] = {"code": "zh_CN", "name_english": "Chinese"}
+    config["speaker_id_map"] = {"a": 0, "b_c": 1}
+    (tmp_path / "zh_CN-test-medium.onnx.json").write_text(json.dumps(config))
+    (tmp_path / "orphan.onnx").write_bytes(b"no config next to it")
+    entries = find_voices([tmp_path])
+    assert [(e.info.id, e.info.language, e.speaker) for e in entries] == [
+        ("zh-cn-test-a", "zh-CN", 0),
+        ("zh-cn-test-b-c", "zh-CN", 1),
+    ]
+    assert voice_id("en_US-joe-x_low") == "en-us-joe"
+
+
+def test_a_backend_set_routes_each_voice_to_its_backend(
+    piper: PiperBackend, espeak_backend: EspeakBackend
+) -> None:
+    backends = BackendSet([piper, espeak_backend])
+    ids = [v.id for v in backends.voices()]
+    assert ids[0] == BUNDLED_VOICE_ID and {"en-us", "zh", "yue"} <= set(ids)
+    assert backends.name == "piper,espeak"
+    assert backends.preparer is espeak_backend  # registered voices: espeak voice matching
+    assert backends.version == espeak_backend.version
+    joe = backends.resolve_voice(VoiceSettings(BUNDLED_VOICE_ID))
+    assert joe.backend is piper and joe.language == "en-US" and joe.sample_rate == RATE
+    plain = backends.resolve_voice(VoiceSettings("en-us"))
+    assert plain.backend is espeak_backend
+    with pytest.raises(UnknownVoice):
+        backends.resolve_voice(VoiceSettings("klingon"))
+
+
+# --------------------------------------------------------------------------- scheduler lanes
+
+
+def open_streams(
+    scheduler: Scheduler, backends: BackendSet, voice: str, count: int
+) -> list[SpscRing]:
+    rings = []
+    for slot in range(count):
+        ring = make_ring(1 << 21)
+        rings.append(ring)
+        scheduler.open_stream(
+            slot=slot,
+            stream_id=100 + slot,
+            owner=f"owner-{slot}",
+            ring=ring,
+            boundaries=make_ring(4096),
+            voice=backends.resolve_voice(VoiceSettings(voice)),
+            sample_rate=8000,
+        )
+    return rings
+
+
+def ended(events: EventLog, stream_id: int, utterance: int) -> Message:
+    from engine.ipc.schema import UtteranceEnd
+
+    return events.wait(UtteranceEnd, stream_id, utterance, timeout=30).message
+
+
+def test_worker_threads_serve_many_streams_in_batches(piper: PiperBackend) -> None:
+    from engine.ipc.schema import UtteranceAudio, UtteranceEnd
+
+    backends = BackendSet([piper])
+    events = EventLog()
+    scheduler = Scheduler(backends, events, max_text_chars=5000)
+    scheduler.start()
+    try:
+        rings = open_streams(scheduler, backends, BUNDLED_VOICE_ID, 6)
+        for slot in range(6):
+            scheduler.speak(slot, 1, "Thank you for calling. Your call is important to us.", True)
+        for slot in range(6):
+            end = ended(events, 100 + slot, 1)
+            assert isinstance(end, UtteranceEnd)
+            audio_s = (end.end_pos - end.start_pos) / 2 / 8000
+            assert 2.0 < audio_s < 6.0, audio_s
+            assert rings[slot].readable_bytes() == end.end_pos - end.start_pos
+            assert (
+                events.wait(UtteranceAudio, 100 + slot, 1).at
+                <= events.wait(UtteranceEnd, 100 + slot, 1).at
+            )
+        assert scheduler.stats.segments >= 12  # two segments each: the first clause, the rest
+    finally:
+        scheduler.stop()
+
+
+def tones(backend: SyntheticBackend, text: str, voice: object) -> np.ndarray:
+    chunks: list[np.ndarray] = []
+
+    def collect(chunk: np.ndarray) -> bool:
+        chunks.append(chunk)
+        return True
+
+    backend.synthesize(text, voice, collect)
+    return np.concatenate(chunks)
+
+
+class CrashingBatches:
+    """A batch backend (tones) that fails any batch holding a segment with "CRASH"."""
+
+    name = "crashing"
+    version = "1"
+    native_sample_rate = 16000
+    max_text_chars = 5000
+    max_batch = 4
+    threads = 2
+
+    def __init__(self) -> None:
+        self._tones = SyntheticBackend()
+        self.batches: list[int] = []
+        self._lock = threading.Lock()
+
+    def voices(self) -> Sequence[VoiceInfo]:
+        return self._tones.voices()
+
+    def resolve_voice(self, settings: VoiceSettings) -> ToneVoice:
+        return self._tones.resolve_voice(settings)
+
+    def voice_sample_rate(self, voice: object) -> int:
+        return 16000
+
+    def batch_key(self, voice: object) -> object:
+        return "tones"
+
+    def synthesize(self, text: str, voice: object, emit: object) -> None:
+        raise AssertionError("a batch backend is only driven in batches")
+
+    def synthesize_batch(self, jobs: Sequence[SynthesisJob], emit: BatchEmit) -> None:
+        with self._lock:
+            self.batches.append(len(jobs))
+        if any("CRASH" in job.text for job in jobs):
+            raise RuntimeError("the model fell over")
+        time.sleep(0.02)
+        for index, job in enumerate(jobs):
+            emit(index, tones(self._tones, job.text, job.voice))
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failing_batch_fails_its_utterances_and_the_workers_go_on() -> None:
+    from engine.ipc.schema import UtteranceFailed
+
+    backend = CrashingBatches()
+    backends = BackendSet([backend])
+    events = EventLog()
+    scheduler = Scheduler(backends, events, max_text_chars=5000)
+    scheduler.start()
+    try:
+        open_streams(scheduler, backends, "en-us", 8)
+        scheduler.speak(0, 1, "CRASH now.", True)
+        failed = events.wait(UtteranceFailed, 100, 1, timeout=10).message
+        assert isinstance(failed, UtteranceFailed) and failed.code == "engine_error"
+        for slot in range(8):
+            scheduler.speak(slot, 2, "Still working after that.", True)
+        for slot in range(8):
+            ended(events, 100 + slot, 2)
+        assert max(backend.batches) > 1  # streams shared model calls
+        assert max(backend.batches) <= backend.max_batch
+    finally:
+        scheduler.stop()
