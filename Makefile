@@ -54,12 +54,16 @@ $(BENCH_STAMP): $(STAMP)
 	@touch $@
 
 # The standard benchmark matrix (docs/benchmarks.md): gateway against the naive baseline
-# at 1, 50, 200 and 500 calls, then VAD throughput, barge-in latency and the voice cache.
+# at 1, 50, 200 and 500 calls, then VAD throughput, barge-in latency and the voice cache,
+# then the neural voice (offline ceiling, realtime concurrency, burst, scaling) and the
+# intelligibility of every built-in voice over the telephone.
 bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.matrix
 	$(PY) -m tests.bench.vad_throughput
 	$(PY) -m tests.bench.barge_in
 	$(PY) -m tests.bench.voice_cache
+	$(PY) -m tests.bench.neural
+	$(PY) -m tests.bench.intelligibility
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache artifacts

@@ -31,6 +31,7 @@ import json
 import math
 import multiprocessing
 import os
+import random
 import signal
 import sys
 import tempfile
@@ -48,7 +49,7 @@ import numpy as np
 from tests.bench import plots, promscrape, stats
 from tests.bench.calls import DRIVERS, CallFailed, CallSpec
 from tests.bench.procstat import machine_info, source_revision, wait_for_quiet
-from tests.bench.prompts import PROMPTS, VOICES, voice_for_call
+from tests.bench.prompts import VOICES, pick_prompt
 from tests.bench.recorder import Recorder
 from tests.bench.script import Behaviour
 from tests.bench.targets import BaselineTarget, ExternalTarget, GatewayTarget, Target
@@ -97,6 +98,8 @@ class LoadOptions:
     sample_s: float = 2.0
     progress_s: float = 2.0
     seed: int = 1
+    voices: tuple[str, ...] = VOICES  # call g speaks with voices[g % len(voices)]
+    burst: bool = False  # every call's first prompt at once (script.Behaviour.burst)
 
     def worker_count(self, sessions: int) -> int:
         if self.workers:
@@ -154,11 +157,8 @@ class _Fleet:
             conn.close()
 
 
-WARM_UP_STREAMS = len(VOICES)
-
-
 def _plans(target: Target, sessions: int, opts: LoadOptions) -> list[WorkerPlan]:
-    token = target.token(max_streams=sessions + WARM_UP_STREAMS)
+    token = target.token(max_streams=sessions + len(opts.voices))
     k = opts.worker_count(sessions)
     calls: list[list[CallSpec]] = [[] for _ in range(k)]
     delays: list[list[float]] = [[] for _ in range(k)]
@@ -166,7 +166,7 @@ def _plans(target: Target, sessions: int, opts: LoadOptions) -> list[WorkerPlan]
         spec = CallSpec(
             url=target.ws_url,
             token=token,
-            voice=voice_for_call(g),
+            voice=opts.voices[g % len(opts.voices)],
             fmt=opts.fmt,
             pacing=opts.pacing,
             caller_audio=opts.caller_audio,
@@ -174,7 +174,7 @@ def _plans(target: Target, sessions: int, opts: LoadOptions) -> list[WorkerPlan]
         )
         calls[g % k].append(spec)
         delays[g % k].append(g / opts.ramp_per_s)
-    behaviour = Behaviour(opts.think_min_s, opts.think_max_s, opts.max_prompts)
+    behaviour = Behaviour(opts.think_min_s, opts.think_max_s, opts.max_prompts, opts.burst)
     return [
         WorkerPlan(
             protocol=opts.protocol,
@@ -230,10 +230,10 @@ async def _warm_up(target: Target, opts: LoadOptions) -> list[str]:
     utterances' latency. Returns the error codes it met."""
     recorder = Recorder()
     driver_cls = DRIVERS[opts.protocol]
-    for voice in VOICES:
+    for voice in dict.fromkeys(opts.voices):
         spec = CallSpec(  # burst: the warm-up need not take the prompt's duration
             url=target.ws_url,
-            token=target.token(max_streams=WARM_UP_STREAMS),
+            token=target.token(max_streams=len(opts.voices)),
             voice=voice,
             fmt=opts.fmt,
             pacing="burst",
@@ -241,7 +241,7 @@ async def _warm_up(target: Target, opts: LoadOptions) -> list[str]:
         driver = driver_cls(spec, recorder)
         try:
             await driver.open()
-            await driver.speak(PROMPTS[voice][0], "warm-up")
+            await driver.speak(pick_prompt(voice, random.Random(0)), "warm-up")
         except CallFailed as exc:
             recorder.error(exc.code)
         finally:

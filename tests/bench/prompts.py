@@ -31,14 +31,11 @@ PROMPTS: dict[str, tuple[str, ...]] = {
         "One moment now.",
     ),
 }
-VOICES: tuple[str, ...] = tuple(PROMPTS)
-
-
-def voice_for_call(index: int) -> str:
-    """The voice of call ``index``: calls alternate between the languages."""
-    return VOICES[index % len(VOICES)]
+VOICES: tuple[str, ...] = tuple(PROMPTS)  # the standard (espeak) call mix
+#: Other voices speak the prompts of their language.
+SAME_LANGUAGE = {"en-us-joe": "en-us", "en-us-f": "en-us", "en-gb": "en-us", "zh-f": "zh"}
 
 
 def pick_prompt(voice: str, rng: random.Random) -> str:
     """A random prompt in ``voice``'s language (KeyError for a voice with no prompts)."""
-    return rng.choice(PROMPTS[voice])
+    return rng.choice(PROMPTS[SAME_LANGUAGE.get(voice, voice)])

@@ -24,6 +24,7 @@ class Behaviour:
     think_min_s: float = 0.5
     think_max_s: float = 2.0
     max_prompts: int | None = None  # per call; None: until the window ends
+    burst: bool = False  # every call's first prompt at the window's start, together
 
 
 async def open_call(driver: CallDriver, delay_s: float) -> bool:
@@ -49,7 +50,8 @@ async def converse(
     An utterance started before ``end`` is waited for (that is the drain); none starts
     after it.
     """
-    await asyncio.sleep(rng.uniform(0.0, behaviour.think_max_s))
+    if not behaviour.burst:
+        await asyncio.sleep(rng.uniform(0.0, behaviour.think_max_s))
     spoken = 0
     try:
         while time.monotonic() < end:

@@ -68,10 +68,18 @@ class GatewayTarget(Target):
 
     name = "gateway"
 
-    def __init__(self, log_dir: Path, *, backend: str = "espeak", slots: int = 512) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        backend: str = "espeak",
+        slots: int = 512,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self._log_dir = log_dir
         self._backend = backend
         self._slots = slots
+        self._env = dict(env or {})  # more settings of the gateway and its engine
         self._gw: GatewayProcess | None = None
         self.ws_url = ""
 
@@ -82,6 +90,7 @@ class GatewayTarget(Target):
             LOG_LEVEL="WARNING",
             ENGINE_BACKEND=self._backend,
             ENGINE_SLOTS=str(self._slots),
+            **self._env,
         )
         gw.start()
         self._gw = gw

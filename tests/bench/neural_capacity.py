@@ -1,0 +1,127 @@
+"""Offline synthesis capacity of this machine, per backend: the ceiling every realtime
+figure is held against.
+
+    python -m tests.bench.neural_capacity                 # batches 1..16, 1 and 2 workers
+    python -m tests.bench.neural_capacity --batches 1 4 --workers 1 --seconds 10
+
+For each backend, worker count and batch size, ``workers`` threads synthesize the IVR
+prompt set (the load generator's English prompts and a few longer ones, normalized and
+segmented as the engine does) back to back for ``--seconds``, each call taking ``batch``
+segments. Reported: audio seconds per wall second (the throughput of that many workers),
+per CPU second (process CPU time, every thread), and per worker. espeak runs one segment
+per call on one thread (it is not thread-safe), its figure is the same table's first row.
+Writes JSON to stdout or ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.backends.base import Backend, BatchSynthesizer, SynthesisJob, VoiceSettings
+from engine.text import SegmentSplitter
+from tests.bench.prompts import PROMPTS
+
+LONGER = (
+    "Thank you for calling Acme Bank. Your call is important to us.",
+    "Your current balance is $1,234.56, and your next payment is due on December 15.",
+    "Please hold while I transfer you to the next available agent.",
+    "To hear these options again, press star. To return to the main menu, press pound.",
+)
+
+
+def segments(language: str = "en-US") -> list[str]:
+    out: list[str] = []
+    for text in (*PROMPTS["en-us"], *LONGER):
+        splitter = SegmentSplitter(language=language)
+        out += splitter.feed(text) + splitter.flush()
+    return out
+
+
+def measure(
+    backend: Backend, voice_id: str, *, workers: int, batch: int, seconds: float
+) -> dict[str, Any]:
+    """Run ``workers`` threads synthesizing batches of ``batch`` for ``seconds``."""
+    voice = backend.resolve_voice(VoiceSettings(voice_id))
+    rate = backend.voice_sample_rate(voice)
+    texts = segments()
+    samples = [0] * workers
+    calls = [0] * workers
+    stop_at = time.monotonic() + seconds
+
+    def run(worker: int) -> None:
+        index = worker
+        while time.monotonic() < stop_at:
+            jobs = [SynthesisJob(texts[(index + k) % len(texts)], voice) for k in range(batch)]
+            index += batch
+
+            def emit(_i: int, chunk: Any, worker: int = worker) -> bool:
+                samples[worker] += len(chunk)
+                return True
+
+            if isinstance(backend, BatchSynthesizer):
+                backend.synthesize_batch(jobs, emit)
+            else:
+                for job in jobs:
+                    backend.synthesize(job.text, job.voice, lambda c: emit(0, c))
+            calls[worker] += 1
+
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+    audio_s = sum(samples) / rate
+    return {
+        "backend": backend.name,
+        "voice": voice_id,
+        "workers": workers,
+        "batch": batch,
+        "calls": sum(calls),
+        "audio_s": round(audio_s, 2),
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "audio_per_wall_s": round(audio_s / wall, 2),
+        "audio_per_cpu_s": round(audio_s / cpu, 2) if cpu else None,
+    }
+
+
+def run_all(batches: Sequence[int], workers: Sequence[int], seconds: float) -> list[dict[str, Any]]:
+    from engine.backends.espeak import EspeakBackend
+    from engine.backends.piper import BUNDLED_VOICE_ID, PiperBackend, bundled_voice_installed
+
+    rows = [measure(EspeakBackend(), "en-us", workers=1, batch=1, seconds=seconds)]
+    print(json.dumps(rows[-1]), flush=True)
+    if bundled_voice_installed():
+        piper = PiperBackend(max_batch=max(batches), threads=max(workers))
+        for w in workers:
+            for b in batches:
+                rows.append(measure(piper, BUNDLED_VOICE_ID, workers=w, batch=b, seconds=seconds))
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    rows = run_all(args.batches, args.workers, args.seconds)
+    body = json.dumps({"rows": rows}, indent=1)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
