@@ -28,6 +28,15 @@ AMPM = r"(?P<ampm>[AaPp](?:\.\s?[Mm](?![A-Za-z])\.?|\s?[Mm](?![A-Za-z])))"
 AMPM_ANY = r"[AaPp](?:\.\s?[Mm](?![A-Za-z])\.?|\s?[Mm](?![A-Za-z]))"
 TIME_ANY = r"\d{1,2}(?::[0-5]\d)?(?:\s?" + AMPM_ANY + ")?"
 
+# Patterns both languages read the same way (times, international phone numbers).
+CLOCK_24H = (
+    r"(?<![\w:.])(?P<h>[01]?\d|2[0-3]):(?P<mi>[0-5]\d)(?::(?P<s>[0-5]\d))?"
+    rf"(?:\s?{AMPM}|(?![\w]|:\d|\.\d))"
+)
+HOUR_AMPM = rf"(?<![\w:.])(?P<h>1[0-2]|0?[1-9])\s?{AMPM}"
+PHONE_INTERNATIONAL = r"(?<![\w+])\+\d{1,3}(?:[ .-]?(?:\(\d{1,4}\)|\d{1,5})){2,6}(?![\w]|[.-]\d)"
+
+
 # Numbers longer than this (integer digits) are read digit by digit: they are codes,
 # whatever the context, and the number-word libraries stop at about this size.
 MAX_CARDINAL_DIGITS = 15

@@ -16,9 +16,12 @@ from engine.normalize._common import (
     AFTER,
     AMPM,
     BEFORE,
+    CLOCK_24H,
     DIGITS,
+    HOUR_AMPM,
     MAX_CARDINAL_DIGITS,
     NUMBER,
+    PHONE_INTERNATIONAL,
     TIME_ANY,
     Rule,
     apply_rules,
@@ -697,10 +700,7 @@ class English:
                 needs=DIGITS,
             ),
             Rule(
-                compile_rule(
-                    r"(?<![\w:.])(?P<h>[01]?\d|2[0-3]):(?P<mi>[0-5]\d)(?::(?P<s>[0-5]\d))?"
-                    rf"(?:\s?{_AMPM}|(?![\w]|:\d|\.\d))"
-                ),
+                compile_rule(CLOCK_24H),
                 clock,
                 needs=DIGITS,
             ),
@@ -710,14 +710,12 @@ class English:
                 needs=DIGITS,
             ),
             Rule(
-                compile_rule(rf"(?<![\w:.])(?P<h>1[0-2]|0?[1-9])\s?{_AMPM}"),
+                compile_rule(HOUR_AMPM),
                 hour_ampm,
                 needs=DIGITS,
             ),
             Rule(
-                compile_rule(
-                    r"(?<![\w+])\+\d{1,3}(?:[ .-]?(?:\(\d{1,4}\)|\d{1,5})){2,6}(?![\w]|[.-]\d)"
-                ),
+                compile_rule(PHONE_INTERNATIONAL),
                 phone_international,
                 needs=DIGITS,
             ),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import re
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -178,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or default_out_dir()
     work = out / "work"
     body: dict[str, Any] = {
-        "command": "python -m tests.bench.neural " + " ".join(argv or []),
-        "machine": machine_info(),
+        "command": " ".join(
+            ["python -m tests.bench.neural", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "machine": ", ".join(f"{k} {v}" for k, v in machine_info().items()),
         "revision": source_revision(str(DOCS.parents[1])),
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
     }
