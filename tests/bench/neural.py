@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import re
+import sys
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
