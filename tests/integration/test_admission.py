@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.harness import GatewayProcess, NativeClient
+from tests.integration.pacing import assert_on_time
 
 PROMPT = "Your call is important to us. Please stay on the line."
 
@@ -71,10 +72,7 @@ async def test_slot_pool_admits_exactly_n_and_they_stay_on_time(
             await c.send(type="speak", text=PROMPT, utterance_id="p")
         dones = await asyncio.gather(*(c.wait_event("utterance_done") for c in admitted))
         for c, done in zip(admitted, dones, strict=True):
-            times = np.array([t for t, _ in c.got.frames])
-            gaps = np.diff(times)
-            assert abs(len(times) * 20 - done["audio_ms"]) <= 20
-            assert gaps.max() < 0.045 and abs(gaps.mean() - 0.02) < 0.001
+            assert_on_time(np.array([t for t, _ in c.got.frames]), done["audio_ms"])
         families = await scrape(gw)
         assert sample(families, "gateway_underruns_total") == 0
         assert sample(families, "gateway_rejections_total", reason="overloaded") == 5
