@@ -12,12 +12,22 @@ it is the rings' only writer. Each backend has a **lane**:
 
 A stream has at most one segment in flight, so its audio stays in order.
 
-Fairness: work is done one text segment at a time (a clause or a sentence, at most
-:attr:`engine.text.SegmentSplitter.max_segment_chars` characters), earliest deadline
-first: the next segment goes to the stream whose ring holds the least unplayed audio,
-and a batch is the streams closest to running dry. A new utterance (nothing buffered)
-goes before streams that are seconds ahead, one long text cannot starve short prompts,
-and each utterance's first segment is a short clause.
+Order: work is done one text segment at a time (a clause or a sentence, at most
+:attr:`engine.text.SegmentSplitter.max_segment_chars` characters), in three tiers
+(:meth:`Scheduler._urgency`):
+
+1. streams that are playing and hold less unplayed audio than a reserve (three times
+   what their next segment is expected to take, from the lane's recent pace, plus
+   0.2 s), the least slack first: audio a caller is already hearing must not stop;
+2. new utterances (nothing of them produced, nothing playing), oldest first: first audio;
+3. streams that are comfortably ahead, the least slack first.
+
+A batch is the most urgent streams of one model. When the engine has spare capacity the
+order changes nothing (every tier is served at once); when it is saturated, calls that
+are speaking keep speaking and new utterances wait, so the excess shows up as first-audio
+latency, which the gateway's admission control sees and acts on (queueing, then
+``queue_timeout``), instead of as stutter spread over every call. One long text cannot
+starve short prompts, and each utterance's first segment is a short clause.
 
 Back-pressure: audio goes into the stream's outbound ring. When the ring is full the
 rest of the segment waits in the stream's ``pending`` buffer, and the stream gets no new
@@ -77,12 +87,19 @@ EventSink = Callable[[object, Message], None]
 STATS_INTERVAL_S = 0.1
 PENDING_POLL_S = 0.004
 IDLE_WAIT_S = 0.5
+# A playing stream goes before new utterances while it holds less unplayed audio than
+# RESERVE_FACTOR times what its next segment is expected to take to synthesize (the
+# lane's recent wall seconds per character), plus RESERVE_FLOOR_S.
+RESERVE_FACTOR = 3.0
+RESERVE_FLOOR_S = 0.2
+PACE_SMOOTHING = 0.2  # weight of the newest batch in a lane's seconds per character
 
 
 @dataclass
 class _Utterance:
     seq: int
     splitter: SegmentSplitter = field(default_factory=SegmentSplitter)
+    arrived_at: float = field(default_factory=time.monotonic)
     segments: deque[str] = field(default_factory=deque)
     final: bool = False
     chars: int = 0
@@ -101,6 +118,7 @@ class _Lane:
     threads: int = 0
     max_batch: int = 1
     in_flight: int = 0  # batches handed to the workers and not yet done
+    seconds_per_char: float = 0.0  # recent synthesis wall time per character of text
     jobs: queue.SimpleQueue[_Batch | None] = field(default_factory=queue.SimpleQueue)
     workers: list[threading.Thread] = field(default_factory=list)
 
@@ -209,8 +227,12 @@ class Scheduler:
         *,
         max_text_chars: int,
         tap_directory: str | None = None,
+        reserve_factor: float = RESERVE_FACTOR,
+        reserve_floor_s: float = RESERVE_FLOOR_S,
     ) -> None:
         self._tap_directory = tap_directory
+        self._reserve_factor = reserve_factor
+        self._reserve_floor_s = reserve_floor_s
         self._backends = backends
         self._lanes: dict[int, _Lane] = {}
         for backend in backends.members:
@@ -459,34 +481,47 @@ class Scheduler:
             or not stream.utterances[0].segments
         )
 
-    def _next_ready(self, *, inline: bool) -> _Stream | None:
-        """The stream whose audio runs out first, among those with a segment to do in an
-        inline lane (``inline``) or in a worker lane.
+    def _urgency(self, stream: _Stream) -> tuple[int, float]:
+        """Sort key of a ready stream, most urgent first (see the module docstring): a
+        playing stream's slack is its unplayed audio less the expected synthesis time of
+        its next segment."""
+        head = stream.utterances[0]
+        buffered = stream.ring.readable_bytes() / stream.bytes_per_second
+        if buffered == 0.0 and head.start_pos is None:
+            return (1, head.arrived_at)  # a new utterance, nothing playing
+        expected = stream.lane.seconds_per_char * len(head.segments[0])
+        slack = buffered - expected
+        at_risk = buffered < self._reserve_factor * expected + self._reserve_floor_s
+        return (0 if at_risk else 2, slack)
 
-        Earliest deadline first: a stream's deadline is how much unplayed audio its ring
-        holds, so an utterance waiting for its first audio (nothing buffered) goes before
-        streams that are seconds ahead. Ties go round-robin. Streams with a backlog
-        (``pending``) are skipped: their ring is full.
-        """
+    @staticmethod
+    def _observe_pace(lane: _Lane, seconds: float, chars: int) -> None:
+        if chars > 0:
+            pace = seconds / chars
+            old = lane.seconds_per_char
+            lane.seconds_per_char = pace if old == 0.0 else old + PACE_SMOOTHING * (pace - old)
+
+    def _next_ready(self, *, inline: bool) -> _Stream | None:
+        """The most urgent stream (:meth:`_urgency`) with a segment to do in an inline
+        lane (``inline``) or in a worker lane. Ties go round-robin. Streams with a
+        backlog (``pending``) are skipped: their ring is full."""
         best: _Stream | None = None
-        best_buffered = 0.0
+        best_key = (0, 0.0)  # (tier, slack or arrival)
         order = self._order
         for _ in range(len(order)):
             stream = self._streams[order[0]]
             order.rotate(-1)
             if (stream.lane.batch is None) != inline or not self._ready(stream):
                 continue
-            buffered = stream.ring.readable_bytes() / stream.bytes_per_second
-            if best is None or buffered < best_buffered:
-                best, best_buffered = stream, buffered
-                if buffered == 0.0:
-                    break  # nothing is more urgent than an empty ring
+            key = self._urgency(stream)
+            if best is None or key < best_key:
+                best, best_key = stream, key
         return best
 
     # --- worker lanes ------------------------------------------------------------------
 
     def _dispatch_batches(self) -> None:
-        """Hand every idle worker a batch: the ready streams closest to running dry."""
+        """Hand every idle worker a batch: the most urgent ready streams of one model."""
         for lane in self._lanes.values():
             batch = lane.batch
             if batch is None:
@@ -497,7 +532,7 @@ class Scheduler:
                 ]
                 if not candidates:
                     break
-                candidates.sort(key=lambda s: s.ring.readable_bytes() / s.bytes_per_second)
+                candidates.sort(key=self._urgency)
                 key = batch.batch_key(candidates[0].voice.handle)
                 chosen = [s for s in candidates if batch.batch_key(s.voice.handle) == key][
                     : lane.max_batch
@@ -566,6 +601,10 @@ class Scheduler:
 
     def _batch_done(self, done: _BatchDone) -> None:
         done.batch.lane.in_flight -= 1
+        if done.error is None:
+            self._observe_pace(
+                done.batch.lane, done.seconds, sum(len(job.text) for job in done.batch.jobs)
+            )
         self.stats.segments += len(done.batch.jobs)
         self.stats.synth_seconds += done.seconds
         for job in done.batch.jobs:
@@ -601,9 +640,11 @@ class Scheduler:
             log.exception("backend failed on stream %s", stream.stream_id)
             self._fail(stream, utterance, "engine_error", "synthesis failed")
         finally:
+            seconds = time.perf_counter() - started
+            self._observe_pace(stream.lane, seconds, len(segment))
             self._dirty[stream.slot] = None
             self.stats.segments += 1
-            self.stats.synth_seconds += time.perf_counter() - started
+            self.stats.synth_seconds += seconds
 
     def _output(self, stream: _Stream, utterance: _Utterance, pcm: bytes) -> None:
         if not pcm:

@@ -27,7 +27,7 @@ from engine.ipc.schema import (
     VoiceInfo,
 )
 from engine.ipc.shm import BOUNDARY_CAPACITY
-from engine.scheduler import Scheduler
+from engine.scheduler import RESERVE_FACTOR, RESERVE_FLOOR_S, Scheduler
 from engine.text import SegmentSplitter
 
 NATIVE_RATE = SyntheticBackend.native_sample_rate
@@ -208,6 +208,8 @@ def make_harness() -> Iterator[MakeHarness]:
         *,
         max_text_chars: int = 5000,
         tap_directory: str | None = None,
+        reserve_factor: float = RESERVE_FACTOR,
+        reserve_floor_s: float = RESERVE_FLOOR_S,
     ) -> Harness:
         backend = SyntheticBackend() if backend is None else backend
         events = EventLog()
@@ -216,6 +218,8 @@ def make_harness() -> Iterator[MakeHarness]:
             events,
             max_text_chars=max_text_chars,
             tap_directory=tap_directory,
+            reserve_factor=reserve_factor,
+            reserve_floor_s=reserve_floor_s,
         )
         schedulers.append(scheduler)
         scheduler.start()
@@ -561,6 +565,27 @@ def test_streams_take_turns_per_segment(slow_harness):
     # Both start within the first round and finish within one segment of each other.
     assert abs(audio_a.at - audio_b.at) < 0.2
     assert abs(end_a.at - end_b.at) < 0.2
+
+
+@pytest.mark.parametrize("reserve_s", [0.0, 1000.0])
+def test_a_playing_stream_below_its_reserve_goes_before_new_utterances(
+    make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch, reserve_s: float
+) -> None:
+    """Saturated, the engine keeps audio a caller already hears going (the reserve) and
+    lets new utterances wait; a stream that is far enough ahead waits for them."""
+    monkeypatch.setenv("ENGINE_SYNTHETIC_RTF", "0.02")
+    harness = make_harness(SyntheticBackend(), reserve_factor=0.0, reserve_floor_s=reserve_s)
+    harness.open(0, capacity=1 << 22)
+    harness.open(1)
+    harness.scheduler.speak(0, 1, long_text(12), True)
+    harness.events.wait(UtteranceAudio, 100, 1)
+    harness.scheduler.speak(1, 1, "Hi there.", True)
+    long_end = harness.events.wait(UtteranceEnd, 100, 1, timeout=10)
+    short_audio = harness.events.wait(UtteranceAudio, 101, 1)
+    if reserve_s:  # every second of the long text's audio is short of the reserve
+        assert short_audio.at > long_end.at
+    else:
+        assert short_audio.at < long_end.at
 
 
 # ----------------------------------------------------------------------------- cancel

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.harness import GatewayProcess, NativeClient
-from tests.integration.pacing import assert_on_time
+from tests.integration.pacing import assert_on_time, lateness
 
 PROMPT = "Your call is important to us. Please stay on the line."
 
@@ -267,3 +267,82 @@ async def test_golden_metrics_parse_with_the_right_types(
     assert sample(families, "engine_memory_used_bytes") > 0
     assert sample(families, "cosy2_gpu_memory_used_bytes") == 0
     assert sample(families, "gateway_auth_failures_total", code="token_missing") == 1
+
+
+NEURAL_PROMPT = (
+    "Thank you for calling Northwind Bank. Your call is important to us, so please stay "
+    "on the line and the next available agent will be with you shortly."
+)
+
+
+async def neural_caller(gw: GatewayProcess, prompts: int) -> list[tuple[str, float, float]]:
+    """Speak ``prompts`` neural prompts back to back at telephone pace; per utterance its
+    outcome ("done" or the error code), seconds from speak to that outcome, and when
+    done its worst frame lateness (:func:`tests.integration.pacing.lateness`)."""
+    c = await NativeClient.connect(gw.ws_url, gw.token())
+    outcomes: list[tuple[str, float, float]] = []
+    try:
+        await c.start("en-us-joe", "mulaw_8000")
+        for i in range(prompts):
+            uid = f"u{i}"
+            spoke_at = await c.send(type="speak", text=NEURAL_PROMPT, utterance_id=uid)
+            while True:
+                ends = [
+                    (t, e)
+                    for t, e in c.got.events
+                    if e.get("utterance_id") == uid and e["type"] in ("utterance_done", "error")
+                ]
+                if ends:
+                    break
+                await asyncio.sleep(0.02)
+            end_at, end = ends[0]
+            if end["type"] == "error":
+                outcomes.append((end["code"], end_at - spoke_at, 0.0))
+                continue
+            started_at = next(
+                t
+                for t, e in c.got.events
+                if e["type"] == "utterance_started" and e["utterance_id"] == uid
+            )
+            times = np.array([t for t, _ in c.got.frames if started_at <= t <= end_at])
+            assert abs(len(times) * 20 - end["audio_ms"]) <= 20, (len(times), end)
+            outcomes.append(("done", end_at - spoke_at, float(lateness(times).max())))
+    finally:
+        await c.aclose()
+    return outcomes
+
+
+async def test_neural_overload_queues_the_excess_and_admitted_calls_never_stutter(
+    gateways: list[GatewayProcess], tmp_path: Path
+) -> None:
+    """Twice the calls one neural worker can voice, three prompts each: every utterance
+    either plays with no frame late (from its first frame on) or is refused; none does
+    both. The engine keeps speaking calls fed before it starts new utterances, so the
+    excess shows as first-audio latency, the gateway's soft threshold degrades, and the
+    queued excess times out."""
+    queue_timeout_s = 1.5
+    gw = start(
+        gateways,
+        tmp_path,
+        ENGINE_BACKEND="piper,espeak",
+        ENGINE_WORKERS="1",
+        ENGINE_VAD="0",
+        GATEWAY_SOFT_LATENCY_MS="500",
+        GATEWAY_LATENCY_WINDOW_S="10",
+        GATEWAY_QUEUE_TIMEOUT_MS=str(int(queue_timeout_s * 1000)),
+    )
+    callers, prompts = 20, 3
+    results = await asyncio.gather(*(neural_caller(gw, prompts) for _ in range(callers)))
+    outcomes = [o for r in results for o in r]
+    families = await scrape(gw)
+    played = [late for code, _, late in outcomes if code == "done"]
+    refused = [waited for code, waited, _ in outcomes if code != "done"]
+    assert {code for code, _, _ in outcomes} <= {"done", "queue_timeout", "overloaded"}
+    assert max(played) <= 0.0, f"{sum(late > 0 for late in played)} utterances stuttered"
+    assert sample(families, "gateway_underruns_total") == 0
+    # The excess was there and was refused, within the queue timeout (plus a poll).
+    assert len(refused) >= callers // 4 and len(played) >= callers
+    assert max(refused) <= queue_timeout_s + 0.5
+    assert sample(families, "gateway_rejections_total") + sample(
+        families, "cosy2_tts_errors_total", type="queue_timeout"
+    ) >= len(refused)
