@@ -245,7 +245,10 @@ class Scheduler:
         self._max_text_chars = max_text_chars
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[int, _Stream] = {}
-        self._order: deque[int] = deque()  # round-robin order of slots
+        # Slots whose head utterance may have segments to synthesize (a superset, pruned
+        # as it is scanned; added by _flush_all for every touched slot that has some), so
+        # choosing the next segment never walks every open stream.
+        self._waiting: dict[int, None] = {}
         # Slots whose ring, boundaries or head utterance may need work from _flush_all:
         # touched by every command and synthesis for them; kept while output waits for
         # ring space. _flush_all visits only these, not every stream.
@@ -389,7 +392,6 @@ class Scheduler:
             stream = command.stream
             stream.generation = self._generations.get(stream.slot, 0)
             self._streams[stream.slot] = stream
-            self._order.append(stream.slot)
         elif isinstance(command, _Speak):
             self._accept_text(command)
         else:
@@ -462,7 +464,6 @@ class Scheduler:
             del self._streams[stream.slot]
             if stream.tap is not None:
                 stream.tap.close()
-            self._order.remove(stream.slot)
             self._on_event(stream.owner, StreamClosed(stream_id=stream.stream_id, slot=stream.slot))
         else:
             self._on_event(
@@ -501,16 +502,24 @@ class Scheduler:
             old = lane.seconds_per_char
             lane.seconds_per_char = pace if old == 0.0 else old + PACE_SMOOTHING * (pace - old)
 
+    def _waiting_streams(self) -> list[_Stream]:
+        """Streams whose head utterance has segments to do (busy or backlogged ones too)."""
+        found: list[_Stream] = []
+        for slot in list(self._waiting):
+            stream = self._streams.get(slot)
+            if stream is None or not stream.utterances or not stream.utterances[0].segments:
+                del self._waiting[slot]
+            else:
+                found.append(stream)
+        return found
+
     def _next_ready(self, *, inline: bool) -> _Stream | None:
         """The most urgent stream (:meth:`_urgency`) with a segment to do in an inline
-        lane (``inline``) or in a worker lane. Ties go round-robin. Streams with a
-        backlog (``pending``) are skipped: their ring is full."""
+        lane (``inline``) or in a worker lane. Streams with a backlog (``pending``) are
+        skipped: their ring is full."""
         best: _Stream | None = None
         best_key = (0, 0.0)  # (tier, slack or arrival)
-        order = self._order
-        for _ in range(len(order)):
-            stream = self._streams[order[0]]
-            order.rotate(-1)
+        for stream in self._waiting_streams():
             if (stream.lane.batch is None) != inline or not self._ready(stream):
                 continue
             key = self._urgency(stream)
@@ -528,7 +537,7 @@ class Scheduler:
                 continue
             while lane.in_flight < lane.threads:
                 candidates = [
-                    s for s in self._streams.values() if s.lane is lane and self._ready(s)
+                    s for s in self._waiting_streams() if s.lane is lane and self._ready(s)
                 ]
                 if not candidates:
                     break
@@ -708,6 +717,8 @@ class Scheduler:
                     break
             if stream.pending or stream.pending_boundaries:
                 self._dirty[slot] = None  # waiting for ring space: retry next pass
+            if stream.utterances and stream.utterances[0].segments:
+                self._waiting[slot] = None
 
     def _maybe_finish(self, stream: _Stream, utterance: _Utterance) -> bool:
         """End the head ``utterance`` if all of it is in the ring; True if it ended."""
