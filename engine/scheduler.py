@@ -118,7 +118,8 @@ class _Lane:
     threads: int = 0
     max_batch: int = 1
     in_flight: int = 0  # batches handed to the workers and not yet done
-    seconds_per_char: float = 0.0  # recent synthesis wall time per character of text
+    # Recent wall time of a call per character of its longest segment (the padded length).
+    seconds_per_char: float = 0.0
     jobs: queue.SimpleQueue[_Batch | None] = field(default_factory=queue.SimpleQueue)
     workers: list[threading.Thread] = field(default_factory=list)
 
@@ -610,9 +611,9 @@ class Scheduler:
 
     def _batch_done(self, done: _BatchDone) -> None:
         done.batch.lane.in_flight -= 1
-        if done.error is None:
+        if done.error is None:  # a padded batch takes as long as its longest segment
             self._observe_pace(
-                done.batch.lane, done.seconds, sum(len(job.text) for job in done.batch.jobs)
+                done.batch.lane, done.seconds, max(len(job.text) for job in done.batch.jobs)
             )
         self.stats.segments += len(done.batch.jobs)
         self.stats.synth_seconds += done.seconds
