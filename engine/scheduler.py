@@ -649,12 +649,12 @@ class Scheduler:
         except Exception:
             log.exception("backend failed on stream %s", stream.stream_id)
             self._fail(stream, utterance, "engine_error", "synthesis failed")
+        else:  # as for a worker lane's batch, a failed call says nothing of the pace
+            self._observe_pace(stream.lane, time.perf_counter() - started, len(segment))
         finally:
-            seconds = time.perf_counter() - started
-            self._observe_pace(stream.lane, seconds, len(segment))
             self._dirty[stream.slot] = None
             self.stats.segments += 1
-            self.stats.synth_seconds += seconds
+            self.stats.synth_seconds += time.perf_counter() - started
 
     def _output(self, stream: _Stream, utterance: _Utterance, pcm: bytes) -> None:
         if not pcm:

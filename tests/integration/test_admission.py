@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -131,6 +132,15 @@ async def test_memory_threshold_refuses_new_sessions_only(
             await c.aclose()
 
 
+async def utterance_outcome(c: NativeClient, uid: str) -> tuple[float, dict[str, Any]]:
+    """When and how utterance ``uid`` ended: its ``utterance_done`` or its ``error``."""
+    while True:
+        for at, event in c.got.events:
+            if event.get("utterance_id") == uid and event["type"] in ("utterance_done", "error"):
+                return at, event
+        await asyncio.sleep(0.01)
+
+
 async def one_caller(gw: GatewayProcess, prompts: int, codes: list[str]) -> list[int]:
     """Speak ``prompts`` short utterances back to back; returns first_audio_ms values."""
     c = await NativeClient.connect(gw.ws_url, gw.token())
@@ -139,16 +149,11 @@ async def one_caller(gw: GatewayProcess, prompts: int, codes: list[str]) -> list
         await c.start("tone", "pcm_16000", pacing="burst")
         for i in range(prompts):
             await c.send(type="speak", text="ab", utterance_id=f"u{i}")
-            while True:
-                done = [e for e in c.got.of_type("utterance_done") if e["utterance_id"] == f"u{i}"]
-                errors = [e for e in c.got.of_type("error") if e.get("utterance_id") == f"u{i}"]
-                if done or errors:
-                    break
-                await asyncio.sleep(0.01)
-            if errors:
-                codes.append(errors[0]["code"])
-            elif done[0]["first_audio_ms"] is not None:
-                firsts.append(done[0]["first_audio_ms"])
+            _, end = await utterance_outcome(c, f"u{i}")
+            if end["type"] == "error":
+                codes.append(end["code"])
+            elif end["first_audio_ms"] is not None:
+                firsts.append(end["first_audio_ms"])
     finally:
         await c.aclose()
     return firsts
@@ -286,16 +291,7 @@ async def neural_caller(gw: GatewayProcess, prompts: int) -> list[tuple[str, flo
         for i in range(prompts):
             uid = f"u{i}"
             spoke_at = await c.send(type="speak", text=NEURAL_PROMPT, utterance_id=uid)
-            while True:
-                ends = [
-                    (t, e)
-                    for t, e in c.got.events
-                    if e.get("utterance_id") == uid and e["type"] in ("utterance_done", "error")
-                ]
-                if ends:
-                    break
-                await asyncio.sleep(0.02)
-            end_at, end = ends[0]
+            end_at, end = await utterance_outcome(c, uid)
             if end["type"] == "error":
                 outcomes.append((end["code"], end_at - spoke_at, 0.0))
                 continue
