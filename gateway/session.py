@@ -490,8 +490,8 @@ class Session:
         stream, playback, encoder = self.stream, self.playback, self._encoder
         if stream is None or playback is None or encoder is None or not self.started:
             return 0
-        if self._broken:
-            return 0
+        if self._broken or self.done.done():
+            return 0  # ending: the peer may already have stopped taking media
         if self._peer.backlogged():
             return 0
         sent = 0
@@ -542,6 +542,7 @@ class Session:
             and self.playback is not None
             and not self.playback.idle
             and self.state is not SessionState.CLOSED
+            and not self.done.done()
         )
 
     def _record_finished(self, playback: Playback) -> None:

@@ -632,6 +632,23 @@ async def test_request_close_when_idle_closes_on_the_next_pump():
     assert h.session.done.result() == (1000, "done")
 
 
+async def test_a_finished_session_sends_no_more_frames_before_its_teardown():
+    # A Twilio 'stop' (or a hangup) finishes the session while audio is queued; the
+    # socket closes a moment later. Meanwhile the pacer must send nothing more: the
+    # vendor core refuses media once the stream stopped.
+    h = await started()
+    h.session.speak("Hello.")
+    h.produce(h.last_seq(), pcm(20))
+    h.tick(2)
+    sent = len(h.peer.audio)
+    assert 0 < sent < 20
+    h.session.finish(CloseCode.NORMAL, "stop")
+    assert not h.session.has_work
+    h.tick(20)
+    assert len(h.peer.audio) == sent
+    assert h.session.pump(h.clock()) == 0
+
+
 async def test_request_close_before_start():
     h = make_session()
     h.session.request_close()

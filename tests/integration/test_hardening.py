@@ -368,8 +368,10 @@ async def test_a_telephony_call_outlives_its_token(gateway: GatewayProcess) -> N
         count = len(peer.media)
         await asyncio.sleep(0.3)
         assert len(peer.media) > count  # still speaking
-        await peer.send_stop()
+        await peer.send_stop()  # while speaking: nothing may be sent after the stop
         assert await peer.wait_closed() == 1000
+        await asyncio.sleep(0.1)
+        assert "not_streaming" not in gateway.log_text()
     finally:
         await peer.aclose()
 
