@@ -99,6 +99,7 @@ class AsteriskLeg(TelephonyLeg):
             if isinstance(event, MediaStart):
                 self._writer.send_text(self._core.answer())
                 await self.start_call(
+                    tenant=self._tenant(),
                     call_id=event.channel_id or event.connection_id,
                     format_name=event.format,
                     parameters={

@@ -78,6 +78,7 @@ class TwilioLeg(TelephonyLeg):
             elif isinstance(event, TwilioStart):
                 self.authenticate(event.token or self._request.query.get("access_token"))
                 await self.start_call(
+                    tenant=self._tenant(),
                     call_id=event.call_sid,
                     format_name="mulaw_8000",
                     parameters=dict(event.custom_parameters),
