@@ -19,7 +19,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from gateway import logs
-from gateway.app import RedactingAccessLogger, create_app
+from gateway.app import SIP_BRIDGE_KEY, RedactingAccessLogger, create_app
 from gateway.auth import AuthConfigError, mint_token
 from gateway.config import ConfigError, GatewaySettings
 from gateway.listener import GuardedSite
@@ -109,6 +109,10 @@ def _serve(args: argparse.Namespace) -> int:
             )
         else:
             print(f"Voice gateway listening on {base}", flush=True)
+        bridge = _app.get(SIP_BRIDGE_KEY)
+        if bridge is not None:
+            address = f"{bridge.settings.public_addr}:{bridge.port}"
+            print(f"  SIP       : sip:ivr@{address} (UDP; the demo IVR)", flush=True)
 
     asyncio.run(_serve_until_signalled(app, settings, lambda: announce(app)))
     return 0

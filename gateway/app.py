@@ -15,6 +15,8 @@ from gateway.config import GatewaySettings
 from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
 from gateway.errors import ErrorCode
 from gateway.protocols import PROTOCOLS
+from gateway.sip.bridge import SipBridge
+from gateway.sip.routes import load_routes
 from gateway.state import STATE_KEY, GatewayState
 from gateway.voices import api as voices_api
 from gateway.voices.reference_audio import MAX_UPLOAD_BYTES
@@ -36,6 +38,9 @@ class RedactingAccessLogger(AbstractAccessLogger):
             response.status,
             time * 1000,
         )
+
+
+SIP_BRIDGE_KEY = web.AppKey("sip_bridge", SipBridge)  # present when the bridge is on
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
@@ -108,6 +113,10 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
 
     app = web.Application(client_max_size=MAX_UPLOAD_BYTES + 256 * 1024)
     app[STATE_KEY] = state
+    sip_bridge = None
+    if settings.sip is not None:
+        sip_bridge = SipBridge(state, settings.sip, load_routes(settings.sip.routes_path))
+        app[SIP_BRIDGE_KEY] = sip_bridge
     upload_workers = UploadWorkers(settings.upload_workers)  # processes start at 1st upload
     app[voices_api.UPLOAD_WORKERS_KEY] = upload_workers
 
@@ -116,7 +125,11 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
         state.gate.start()
         await state.limits.start()
         await supervisor.start()
+        if sip_bridge is not None:
+            await sip_bridge.start()
         yield
+        if sip_bridge is not None:
+            await sip_bridge.stop()
         await state.connections.close()
         await state.limits.stop()
         await supervisor.stop()

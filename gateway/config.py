@@ -15,6 +15,7 @@ from engine.ipc.env import ConfigError, env_int
 from gateway.admission import AdmissionSettings
 from gateway.auth import AuthSettings
 from gateway.session import SessionLimits
+from gateway.sip.config import SipSettings
 
 WEB_DEMO_DIR = Path(__file__).resolve().parent.parent / "web-demo"
 
@@ -65,6 +66,7 @@ class GatewaySettings:
     max_uploads: int = 2  # voice uploads in flight per worker; beyond: 429 retry_after_ms
     upload_workers: int = 1  # processes that decode and normalize uploads
     upload_timeout_s: float = 60.0  # to receive a whole upload body
+    sip: SipSettings | None = None  # the SIP bridge (GATEWAY_SIP_LISTEN); None: off
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
@@ -113,4 +115,5 @@ class GatewaySettings:
             lease_s=env_int(env, "GATEWAY_LEASE_MS", 10000, minimum=100) / 1000,
             lease_renew_s=env_int(env, "GATEWAY_LEASE_RENEW_MS", 3000, minimum=50) / 1000,
             lease_policy=_policy(env.get("GATEWAY_LEASE_POLICY") or "fail-open"),
+            sip=SipSettings.from_env(env),
         )

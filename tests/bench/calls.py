@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from tests.bench import wsclient
 from tests.bench.recorder import Recorder, UtteranceProbe
+from tests.bench.sipua import SipCallFailed, SipUac
 
 MULAW_SILENCE = b"\xff" * 160  # mu-law code for 0 (ITU-T G.711)
 _SILENCE_FRAMES = 8  # prebuilt masked frames, rotated (distinct masking keys)
@@ -56,6 +57,7 @@ class CallSpec:
     caller_audio: bool = False
     connect_timeout_s: float = 15.0
     utterance_timeout_s: float = 30.0
+    sip_target: tuple[str, int] | None = None  # the gateway's SIP address (protocol sip)
 
 
 class CallDriver(ABC):
@@ -258,7 +260,7 @@ class _AppListener(wsclient.WsListener):
     """One attach attempt of the IVR application: its own futures, so that a refused
     attempt's late close cannot disturb the attempt after it."""
 
-    def __init__(self, call: TwilioCall) -> None:
+    def __init__(self, call: AttachedCall) -> None:
         loop = asyncio.get_running_loop()
         self._call = call
         self.attached: asyncio.Future[dict[str, Any]] = loop.create_future()
@@ -297,26 +299,111 @@ class _AppListener(wsclient.WsListener):
             self._call._lost(label)  # the attached application lost its session
 
 
-class TwilioCall(CallDriver, wsclient.WsListener):
-    """A Twilio Media Streams leg (``/v1/twilio``) plus the IVR application that drives
-    it over the native protocol (``start`` with ``call``: docs/protocol.md).
+class AttachedCall(CallDriver):
+    """A telephony leg plus the IVR application that drives it over the native protocol
+    (``start`` with ``call``: docs/protocol.md), the way a call centre runs prompts on a
+    Twilio or SIP call: the application's ``speak`` is the prompt, the leg receives the
+    audio, the application gets ``utterance_done``. The call is registered by the leg's
+    set-up, which the gateway does not acknowledge to the application: it retries
+    ``unknown_call`` briefly."""
 
-    The leg sends what Twilio sends (``connected``, ``start`` with the token and voice in
-    ``customParameters``, inbound ``media`` when ``caller_audio``, ``stop``), receives
-    ``media`` events (base64 mu-law, 20 ms each) and echoes ``mark`` events as Twilio does
-    once the audio before them has played. The attached application speaks the prompts and
-    receives ``utterance_done``. The call is registered by the leg's ``start``, which the
-    gateway does not acknowledge: the application retries ``unknown_call`` briefly.
-    """
-
-    protocol = "twilio"
     _ATTACH_RETRY_S = 0.05
 
     def __init__(self, spec: CallSpec, recorder: Recorder) -> None:
         super().__init__(spec, recorder)
-        self._leg: wsclient.WsProtocol | None = None
         self._app: wsclient.WsProtocol | None = None
         self._app_listener: _AppListener | None = None
+
+    @property
+    @abstractmethod
+    def call_id(self) -> str: ...
+
+    @abstractmethod
+    async def _open_leg(self) -> None:
+        """Set the call up on its wire protocol; raises :class:`CallFailed`."""
+
+    @abstractmethod
+    async def _close_leg(self) -> None:
+        """End the leg (and wait, briefly, for the gateway to confirm)."""
+
+    async def open(self) -> None:
+        await self._open_leg()
+        try:
+            async with asyncio.timeout(self.spec.connect_timeout_s):
+                while True:
+                    code = await self._attach_once()
+                    if code is None:
+                        break
+                    if not self.alive:
+                        raise CallFailed(self._lost_reason or code)
+                    if code != "unknown_call":
+                        raise CallFailed(code)
+                    await asyncio.sleep(self._ATTACH_RETRY_S)
+        except TimeoutError:
+            raise CallFailed("client:ready_timeout") from None
+        self.recorder.frame_s = 0.020
+
+    async def _attach_once(self) -> str | None:
+        """One attach attempt; None when attached, else the error code that refused it."""
+        listener = _AppListener(self)
+        headers = {"Authorization": f"Bearer {self.spec.token}"} if self.spec.token else {}
+        try:
+            app = await wsclient.connect(
+                self.spec.url, headers, listener, timeout=self.spec.connect_timeout_s
+            )
+        except (OSError, TimeoutError, wsclient.WsProtocolError) as exc:
+            raise CallFailed("client:connect_failed", repr(exc)) from None
+        app.send_text(json.dumps({"type": "start", "call": self.call_id}))
+        try:
+            await listener.attached
+        except CallFailed as exc:
+            app.abort()  # refused: this socket is done; its late events are ignored
+            return exc.code
+        self._app, self._app_listener = app, listener
+        return None
+
+    async def close(self) -> None:
+        waits: list[asyncio.Future[None]] = []
+        if self._app_listener is not None:
+            waits.append(self._app_listener.closed)
+        try:
+            async with asyncio.timeout(3.0):
+                await asyncio.gather(self._close_leg(), *(asyncio.shield(f) for f in waits))
+        except TimeoutError:
+            if self._app is not None:
+                self._app.abort()
+
+    def _send_speak(self, text: str, utterance_id: str) -> None:
+        assert self._app is not None
+        self._app.send_text(
+            json.dumps(
+                {"type": "speak", "text": text, "utterance_id": utterance_id},
+                ensure_ascii=False,
+            )
+        )
+
+    # the application (the current attempt's listener forwards what it does not handle)
+    def _app_message(self, kind: object, message: dict[str, Any]) -> None:
+        if kind == "utterance_done":
+            self._utterance_done(str(message.get("utterance_id")), message.get("first_audio_ms"))
+        elif kind == "error":
+            self._server_error(str(message.get("code")))
+
+
+class TwilioCall(AttachedCall, wsclient.WsListener):
+    """A Twilio Media Streams leg (``/v1/twilio``) driven by an attached application.
+
+    The leg sends what Twilio sends (``connected``, ``start`` with the token and voice in
+    ``customParameters``, inbound ``media`` when ``caller_audio``, ``stop``), receives
+    ``media`` events (base64 mu-law, 20 ms each) and echoes ``mark`` events as Twilio does
+    once the audio before them has played.
+    """
+
+    protocol = "twilio"
+
+    def __init__(self, spec: CallSpec, recorder: Recorder) -> None:
+        super().__init__(spec, recorder)
+        self._leg: wsclient.WsProtocol | None = None
         self._leg_closed: asyncio.Future[None] | None = None
         self._call_sid = "CA" + uuid.uuid4().hex
         self._stream_sid = "MZ" + uuid.uuid4().hex
@@ -327,15 +414,21 @@ class TwilioCall(CallDriver, wsclient.WsListener):
         base = spec.url.split("?", 1)[0]
         self._leg_url = base.rsplit("/", 1)[0] + "/twilio"
 
-    async def open(self) -> None:
+    @property
+    def call_id(self) -> str:
+        return self._call_sid
+
+    async def _open_leg(self) -> None:
         loop = asyncio.get_running_loop()
         self._leg_closed = loop.create_future()
+        started = time.monotonic()
         try:
             self._leg = await wsclient.connect(
                 self._leg_url, {}, self, timeout=self.spec.connect_timeout_s
             )
         except (OSError, TimeoutError, wsclient.WsProtocolError) as exc:
             raise CallFailed("client:connect_failed", repr(exc)) from None
+        self.recorder.setup.append(time.monotonic() - started)
         parameters = {"voice": self.spec.voice}
         if self.spec.token:
             parameters["token"] = self.spec.token
@@ -363,43 +456,12 @@ class TwilioCall(CallDriver, wsclient.WsListener):
                 }
             )
         )
-        try:
-            async with asyncio.timeout(self.spec.connect_timeout_s):
-                while True:
-                    code = await self._attach_once()
-                    if code is None:
-                        break
-                    if not self.alive:
-                        raise CallFailed(self._lost_reason or code)
-                    if code != "unknown_call":
-                        raise CallFailed(code)
-                    await asyncio.sleep(self._ATTACH_RETRY_S)
-        except TimeoutError:
-            raise CallFailed("client:ready_timeout") from None
-        self.recorder.frame_s = 0.020
 
-    async def _attach_once(self) -> str | None:
-        """One attach attempt; None when attached, else the error code that refused it."""
-        listener = _AppListener(self)
-        headers = {"Authorization": f"Bearer {self.spec.token}"} if self.spec.token else {}
-        try:
-            app = await wsclient.connect(
-                self.spec.url, headers, listener, timeout=self.spec.connect_timeout_s
-            )
-        except (OSError, TimeoutError, wsclient.WsProtocolError) as exc:
-            raise CallFailed("client:connect_failed", repr(exc)) from None
-        app.send_text(json.dumps({"type": "start", "call": self._call_sid}))
-        try:
-            await listener.attached
-        except CallFailed as exc:
-            app.abort()  # refused: this socket is done; its late events are ignored
-            return exc.code
-        self._app, self._app_listener = app, listener
-        return None
-
-    async def close(self) -> None:
-        leg, app = self._leg, self._app
-        if leg is not None and leg.is_open:
+    async def _close_leg(self) -> None:
+        leg = self._leg
+        if leg is None:
+            return
+        if leg.is_open:
             leg.send_text(
                 json.dumps(
                     {
@@ -410,16 +472,12 @@ class TwilioCall(CallDriver, wsclient.WsListener):
                     }
                 )
             )
-        waits = [self._leg_closed] if self._leg_closed is not None and leg is not None else []
-        if self._app_listener is not None:
-            waits.append(self._app_listener.closed)
         try:
-            async with asyncio.timeout(3.0):
-                await asyncio.gather(*(asyncio.shield(f) for f in waits))
-        except TimeoutError:
-            for ws in (leg, app):
-                if ws is not None:
-                    ws.abort()
+            if self._leg_closed is not None:
+                await asyncio.shield(self._leg_closed)
+        except asyncio.CancelledError:
+            leg.abort()
+            raise
 
     def send_caller_audio(self) -> None:
         leg = self._leg
@@ -442,15 +500,6 @@ class TwilioCall(CallDriver, wsclient.WsListener):
                     "media": media,
                     "streamSid": self._stream_sid,
                 }
-            )
-        )
-
-    def _send_speak(self, text: str, utterance_id: str) -> None:
-        assert self._app is not None
-        self._app.send_text(
-            json.dumps(
-                {"type": "speak", "text": text, "utterance_id": utterance_id},
-                ensure_ascii=False,
             )
         )
 
@@ -486,15 +535,54 @@ class TwilioCall(CallDriver, wsclient.WsListener):
             self._leg_closed.set_result(None)
         self._lost(f"client:leg_closed_{code}" if code is not None else "client:connection_lost")
 
-    # the application (the current attempt's listener forwards what it does not handle)
-    def _app_message(self, kind: object, message: dict[str, Any]) -> None:
-        if kind == "utterance_done":
-            self._utterance_done(str(message.get("utterance_id")), message.get("first_audio_ms"))
-        elif kind == "error":
-            self._server_error(str(message.get("code")))
+
+class SipCall(AttachedCall):
+    """A SIP call (``GATEWAY_SIP_LISTEN``, route ``app``) driven by an attached
+    application: INVITE and BYE from :class:`tests.bench.sipua.SipUac`, prompts as RTP
+    (PCMU, 20 ms packets), caller audio as RTP. Per call it records the set-up time
+    (INVITE to 200 OK), RFC 3550 interarrival jitter and lost packets."""
+
+    protocol = "sip"
+
+    def __init__(self, spec: CallSpec, recorder: Recorder) -> None:
+        super().__init__(spec, recorder)
+        if spec.sip_target is None:
+            raise ValueError("a SIP call needs CallSpec.sip_target")
+        self._uac = SipUac(spec.sip_target, "app", self._on_rtp, self._lost)
+
+    @property
+    def call_id(self) -> str:
+        return self._uac.call_id
+
+    async def _open_leg(self) -> None:
+        try:
+            await self._uac.invite(self.spec.connect_timeout_s)
+        except SipCallFailed as exc:
+            self._uac.close()
+            raise CallFailed(exc.code) from None
+        except OSError as exc:
+            self._uac.close()
+            raise CallFailed("client:connect_failed", repr(exc)) from None
+        assert self._uac.setup_s is not None
+        self.recorder.setup.append(self._uac.setup_s)
+
+    async def _close_leg(self) -> None:
+        await self._uac.bye()
+        stats = self._uac.stats
+        if stats.packets:
+            self.recorder.rtp_jitter_ms.append(stats.jitter_ms)
+            self.recorder.rtp_packets += stats.packets
+            self.recorder.rtp_lost += stats.lost
+
+    def send_caller_audio(self) -> None:
+        self._uac.send_audio(MULAW_SILENCE)
+
+    def _on_rtp(self, t: float, payload: bytes) -> None:
+        self._audio(t, len(payload))
 
 
 DRIVERS: dict[str, type[CallDriver]] = {
     NativeCall.protocol: NativeCall,
     TwilioCall.protocol: TwilioCall,
+    SipCall.protocol: SipCall,
 }

@@ -171,6 +171,7 @@ def _plans(target: Target, sessions: int, opts: LoadOptions) -> list[WorkerPlan]
             pacing=opts.pacing,
             caller_audio=opts.caller_audio,
             utterance_timeout_s=opts.utterance_timeout_s,
+            sip_target=target.sip_target,
         )
         calls[g % k].append(spec)
         delays[g % k].append(g / opts.ramp_per_s)
@@ -237,6 +238,7 @@ async def _warm_up(target: Target, opts: LoadOptions) -> list[str]:
             voice=voice,
             fmt=opts.fmt,
             pacing="burst",
+            sip_target=target.sip_target,
         )
         driver = driver_cls(spec, recorder)
         try:

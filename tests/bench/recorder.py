@@ -78,6 +78,11 @@ class Recorder:
     utt_min_ahead: array[float] = field(default_factory=lambda: array("d"))
     utt_late: array[int] = field(default_factory=lambda: array("q"))
     server_first_audio_ms: array[float] = field(default_factory=lambda: array("d"))
+    # per call: set-up time (telephony legs), RFC 3550 interarrival jitter (RTP legs)
+    setup: array[float] = field(default_factory=lambda: array("d"))
+    rtp_jitter_ms: array[float] = field(default_factory=lambda: array("d"))
+    rtp_packets: int = 0
+    rtp_lost: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     speaks: int = 0
     completed: int = 0
@@ -142,6 +147,10 @@ class Recorder:
             "utt_min_ahead": self.utt_min_ahead.tobytes(),
             "utt_late": self.utt_late.tobytes(),
             "server_first_audio_ms": self.server_first_audio_ms.tobytes(),
+            "setup": self.setup.tobytes(),
+            "rtp_jitter_ms": self.rtp_jitter_ms.tobytes(),
+            "rtp_packets": self.rtp_packets,
+            "rtp_lost": self.rtp_lost,
             "errors": dict(self.errors),
             "speaks": self.speaks,
             "completed": self.completed,

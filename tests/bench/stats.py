@@ -31,6 +31,8 @@ def merge_exports(exports: list[dict[str, Any]]) -> dict[str, Any]:
         ("utt_min_ahead", np.float64),
         ("utt_late", np.int64),
         ("server_first_audio_ms", np.float64),
+        ("setup", np.float64),
+        ("rtp_jitter_ms", np.float64),
     ):
         parts = [np.frombuffer(e[key], dtype=dtype) for e in exports]
         merged[key] = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
@@ -48,8 +50,10 @@ def merge_exports(exports: list[dict[str, Any]]) -> dict[str, Any]:
         "sessions_ready",
         "sessions_failed",
         "frames",
+        "rtp_packets",
+        "rtp_lost",
     ):
-        merged[key] = int(sum(e[key] for e in exports))
+        merged[key] = int(sum(e.get(key, 0) for e in exports))
     return merged
 
 
@@ -102,6 +106,12 @@ def summarize_client(merged: dict[str, Any], frame_ms: float = 20.0) -> dict[str
         "first_audio_ms": quantiles_ms(first, (50, 95, 99), censored=merged["no_audio"]),
         "server_first_audio_ms": _plain_quantiles(merged["server_first_audio_ms"]),
         "gap_ms": quantiles_ms(gaps, (50, 99, 99.9)),
+        "setup_ms": quantiles_ms(merged["setup"], (50, 95, 99)),
+        "rtp": {
+            "packets": merged["rtp_packets"],
+            "lost": merged["rtp_lost"],
+            "jitter_ms": _plain_quantiles(merged["rtp_jitter_ms"]),
+        },
         "run_ahead_ms": {
             "max": round(float(max_ahead.max()) * 1000, 2) if max_ahead.size else None,
             "p99_of_utterance_max": _p(max_ahead * 1000, 99),

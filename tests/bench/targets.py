@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tests.integration.harness import ROOT, GatewayProcess, engine_pid_of, free_port
+from tests.integration.harness import (
+    ROOT,
+    GatewayProcess,
+    engine_pid_of,
+    free_port,
+    free_udp_port,
+)
 
 TOKEN_TTL_S = 6 * 3600
 
@@ -39,6 +45,8 @@ class Target(ABC):
 
     name: str
     ws_url: str
+    #: Where SIP calls go (protocol ``sip``), when the server has a SIP bridge.
+    sip_target: tuple[str, int] | None = None
 
     @abstractmethod
     def start(self) -> None: ...
@@ -85,16 +93,23 @@ class GatewayTarget(Target):
 
     def start(self) -> None:
         self._log_dir.mkdir(parents=True, exist_ok=True)
+        sip_port = free_udp_port()
         gw = GatewayProcess(
             self._log_dir / "gateway.log",
             LOG_LEVEL="WARNING",
             ENGINE_BACKEND=self._backend,
             ENGINE_SLOTS=str(self._slots),
+            # the SIP bridge, for protocol sip: calls from here are the loadgen tenant's
+            GATEWAY_SIP_LISTEN=f"127.0.0.1:{sip_port}",
+            GATEWAY_SIP_ALLOW="127.0.0.0/8=loadgen",
+            GATEWAY_SIP_RTP_PORTS="21000-23999",
+            GATEWAY_SIP_INVITES_PER_S="1000",
             **self._env,
         )
         gw.start()
         self._gw = gw
         self.ws_url = gw.ws_url
+        self.sip_target = ("127.0.0.1", sip_port)
 
     def stop(self) -> None:
         if self._gw is not None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import mint_token
 
@@ -30,6 +31,13 @@ SECRET = "integration-test-secret-0123456789-abcdefghijkl"
 
 def free_port() -> int:
     with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
@@ -268,3 +276,14 @@ class NativeClient:
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
         await self.http.close()
+
+
+async def metric(gw: GatewayProcess, name: str, **labels: str) -> float:
+    async with aiohttp.ClientSession() as http:
+        text = await (await http.get(gw.base + "/metrics")).text()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total

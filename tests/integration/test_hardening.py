@@ -23,9 +23,14 @@ from pathlib import Path
 import aiohttp
 import jwt
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.harness import SECRET, GatewayProcess, NativeClient, RedisServer
+from tests.integration.harness import (
+    SECRET,
+    GatewayProcess,
+    NativeClient,
+    RedisServer,
+    metric,
+)
 from tests.integration.telephony_peers import AsteriskPeer, TwilioPeer, attach, leg_url
 
 START_TIMEOUT_S = 2
@@ -69,17 +74,6 @@ async def connect(gw: GatewayProcess, clients: list[NativeClient], token: str) -
     client = await NativeClient.connect(gw.ws_url, token)
     clients.append(client)
     return client
-
-
-async def metric(gw: GatewayProcess, name: str, **labels: str) -> float:
-    async with aiohttp.ClientSession() as http:
-        text = await (await http.get(gw.base + "/metrics")).text()
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
 
 
 async def eventually(predicate_coro: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:

@@ -1,0 +1,131 @@
+"""SIP bridge settings from the environment (fixed names, design brief section 7).
+
+- ``GATEWAY_SIP_LISTEN``: ``HOST:PORT`` (UDP); unset, the bridge is off.
+- ``GATEWAY_SIP_RTP_PORTS``: ``LOW-HIGH`` (default ``20000-20999``): RTP on even ports,
+  RTCP on the odd port above, so the range holds ``(HIGH - LOW + 1) // 2`` calls.
+- ``GATEWAY_SIP_PUBLIC_ADDR``: the address written into SDP and Contact (default: the
+  listening host, or 127.0.0.1 when that is a wildcard).
+- ``GATEWAY_SIP_ALLOW``: trusted source networks, comma-separated ``CIDR[=TENANT]``
+  (default ``127.0.0.0/8,::1/128``); a call is billed to its network's tenant
+  (``sip`` when none is named). Requests from anywhere else get 403 and nothing is kept.
+- ``GATEWAY_SIP_ROUTES``: a routes file (TOML, :mod:`gateway.sip.routes`); unset, the
+  built-in demo routes.
+
+The bridge's own limits (``GATEWAY_SIP_MAX_CALLS``, ``GATEWAY_SIP_MAX_CALLS_PER_SOURCE``,
+``GATEWAY_SIP_INVITES_PER_S``) are listed in README.md's configuration table.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.ipc.env import ConfigError, env_int
+
+__all__ = ["DEFAULT_TENANT", "SipSettings", "TrustedNetwork", "parse_allow", "parse_host_port"]
+
+DEFAULT_TENANT = "sip"
+DEFAULT_ALLOW = "127.0.0.0/8,::1/128"
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class TrustedNetwork:
+    network: IpNetwork
+    tenant: str
+
+
+def parse_host_port(value: str, name: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT``."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{name} must be HOST:PORT, got {value!r}")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"{name} must be HOST:PORT, got {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{name}: port out of range in {value!r}")
+    return host, port
+
+
+def parse_allow(value: str) -> tuple[TrustedNetwork, ...]:
+    """``CIDR[=TENANT],...`` -> trusted networks, most specific first."""
+    networks: list[TrustedNetwork] = []
+    for item in value.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        cidr, _, tenant = item.partition("=")
+        try:
+            network = ipaddress.ip_network(cidr.strip(), strict=False)
+        except ValueError:
+            raise ConfigError(f"GATEWAY_SIP_ALLOW: {cidr!r} is not a network") from None
+        tenant = tenant.strip() or DEFAULT_TENANT
+        if not tenant.isprintable() or " " in tenant or len(tenant) > 128:
+            raise ConfigError(f"GATEWAY_SIP_ALLOW: bad tenant name {tenant[:64]!r}")
+        networks.append(TrustedNetwork(network, tenant))
+    return tuple(sorted(networks, key=lambda n: n.network.prefixlen, reverse=True))
+
+
+def tenant_for(networks: Sequence[TrustedNetwork], host: str) -> str | None:
+    """The tenant of the most specific trusted network holding ``host``; None: untrusted."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    for trusted in networks:
+        if address.version == trusted.network.version and address in trusted.network:
+            return trusted.tenant
+    return None
+
+
+@dataclass(frozen=True)
+class SipSettings:
+    listen: tuple[str, int]
+    public_addr: str
+    rtp_ports: tuple[int, int] = (20000, 20999)
+    allow: tuple[TrustedNetwork, ...] = parse_allow(DEFAULT_ALLOW)
+    routes_path: Path | None = None
+    max_calls: int = 1000  # dialogs at once; beyond: 503 with Retry-After
+    max_calls_per_source: int = 500  # dialogs from one source address
+    invites_per_s: int = 200  # new INVITEs per second, all sources; beyond: 503
+    retry_after_s: int = 5
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> SipSettings | None:
+        listen = env.get("GATEWAY_SIP_LISTEN")
+        if not listen:
+            return None
+        host, port = parse_host_port(listen, "GATEWAY_SIP_LISTEN")
+        low, high = 20000, 20999
+        ports = env.get("GATEWAY_SIP_RTP_PORTS")
+        if ports:
+            try:
+                low_text, high_text = ports.split("-")
+                low, high = int(low_text), int(high_text)
+            except ValueError:
+                raise ConfigError(
+                    f"GATEWAY_SIP_RTP_PORTS must be LOW-HIGH, got {ports!r}"
+                ) from None
+            if not (1024 <= low < high <= 65535) or high - low < 1:
+                raise ConfigError(f"GATEWAY_SIP_RTP_PORTS: bad range {ports!r}")
+        public = env.get("GATEWAY_SIP_PUBLIC_ADDR") or (
+            "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        )
+        routes = env.get("GATEWAY_SIP_ROUTES")
+        return cls(
+            listen=(host, port),
+            public_addr=public,
+            rtp_ports=(low, high),
+            allow=parse_allow(env.get("GATEWAY_SIP_ALLOW") or DEFAULT_ALLOW),
+            routes_path=Path(routes) if routes else None,
+            max_calls=env_int(env, "GATEWAY_SIP_MAX_CALLS", 1000, minimum=1),
+            max_calls_per_source=env_int(env, "GATEWAY_SIP_MAX_CALLS_PER_SOURCE", 500, minimum=1),
+            invites_per_s=env_int(env, "GATEWAY_SIP_INVITES_PER_S", 200, minimum=1),
+        )

@@ -1,0 +1,354 @@
+"""One SIP call: a dialog, its RTP, its session, its route.
+
+:class:`SipLeg` is a :class:`gateway.call_leg.CallLeg` (the call in the registry with
+protocol ``sip`` and the SIP Call-ID as id, what an attached application sees) whose
+media is RTP:
+
+- outbound: the session's frames, paced by the worker's pacer like every other session,
+  become RTP packets (``telephony/rtp.py``: continuous sequence numbers and timestamps,
+  the marker bit at each talkspurt) sent to the address the SDP offer named, or, once
+  the caller's first packet arrives, to where it came from (symmetric RTP, RFC 4961):
+  what a phone behind NAT needs. Packets from any other source are dropped and counted;
+- inbound: the caller's audio goes to the session (VAD barge-in as on Twilio legs);
+  RFC 4733 events become ``dtmf`` for the flow or the application;
+- RTCP: a sender report every :data:`RTCP_INTERVAL_S` (RFC 3550 6.2, one call's share
+  of the bandwidth is far below it); the peer's reports are read for loss and jitter;
+- hold (a re-INVITE with ``sendonly``/``inactive``/``c=0.0.0.0``) pauses the session's
+  output without losing it; unhold resumes where it stopped.
+
+The lifecycle (:meth:`SipLeg.run`): start the session in the negotiated codec (admission
+applies: ``overloaded`` is a 503 with Retry-After), answer, run the route, and end on
+BYE, CANCEL, hangup or session end; whatever ends it, the session, the call, the RTP
+ports and the dialog are released (a BYE is sent when the call was answered and the far
+end did not end it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any, ClassVar, Protocol
+
+from gateway.call_leg import CallLeg
+from gateway.errors import ErrorCode, SessionError
+from gateway.events import MarkReached
+from gateway.peer_log import PeerLog
+from gateway.session import Session
+from gateway.sip.flow import FlowRunner
+from gateway.sip.media import Address, MediaPorts
+from gateway.sip.metrics import SipMetrics
+from gateway.sip.routes import Route
+from gateway.state import GatewayState
+from telephony.rtp import (
+    DtmfReceiver,
+    RtpError,
+    RtpReceiver,
+    RtpSender,
+    parse_rtp,
+)
+from telephony.sdp import Negotiated, SessionDescription
+from telephony.sip import DialogId
+
+log = logging.getLogger(__name__)
+RTCP_INTERVAL_S = 5.0
+CNAME = "voice-gateway"
+CODEC_FORMATS = {"PCMU": "mulaw_8000", "PCMA": "alaw_8000"}
+
+
+class Signalling(Protocol):
+    """What a leg asks of the SIP side (:class:`gateway.sip.bridge.SipBridge`)."""
+
+    def ring(self, leg: SipLeg) -> None: ...
+    def answer(self, leg: SipLeg) -> bool:
+        """Send the 200 OK; False when the dialog ended meanwhile."""
+        ...
+
+    def reject(self, leg: SipLeg, status: int, reason: str, retry_after_s: int | None) -> None: ...
+    def bye(self, leg: SipLeg) -> None: ...
+    async def refer(self, leg: SipLeg, target: str) -> int: ...
+
+
+def status_for(error: SessionError) -> tuple[int, str]:
+    """A session start's refusal as a final response to the INVITE."""
+    if error.code in (ErrorCode.OVERLOADED, ErrorCode.QUEUE_TIMEOUT, ErrorCode.SHUTTING_DOWN):
+        return 503, "Service Unavailable"
+    if error.code in (ErrorCode.ENGINE_UNAVAILABLE, ErrorCode.TENANT_LIMIT):
+        return 503, "Service Unavailable"
+    if error.code is ErrorCode.UNKNOWN_VOICE:
+        return 500, "Server Internal Error"  # the route names a voice the engine lacks
+    return 500, "Server Internal Error"
+
+
+class SipLeg(CallLeg):
+    protocol: ClassVar[str] = "sip"
+
+    def __init__(
+        self,
+        state: GatewayState,
+        *,
+        signalling: Signalling,
+        metrics: SipMetrics,
+        dialog: DialogId,
+        call_id: str,
+        tenant: str,
+        route: Route,
+        offer: SessionDescription,
+        negotiated: Negotiated,
+        media: MediaPorts,
+        invited_at: float,
+    ) -> None:
+        self._state = state
+        self._signalling = signalling
+        self._metrics = metrics
+        self.dialog = dialog
+        self.call_id = call_id
+        self.tenant = tenant
+        self.route = route
+        self.offer = offer  # the last SDP offer (the answer mirrors its m-lines)
+        self.negotiated = negotiated
+        self.sdp_session_id = random.SystemRandom().getrandbits(31)
+        self.sdp_version = 0  # incremented with every answer (RFC 3264 section 8)
+        self.media = media
+        self.invited_at = invited_at
+        self.session = Session(
+            peer=self,
+            engine=state.engine.client,
+            pacer=state.pacer,
+            metrics=state.metrics,
+            limits=state.session_limits(),
+            protocol=self.protocol,
+            gate=state.gate,
+            leases=state.limits,
+        )
+        self.session.tenant = tenant
+        self.peer_log = PeerLog(log, f"sip {call_id[:64]}")
+        rng = random.SystemRandom()
+        self._sender = RtpSender(
+            ssrc=rng.getrandbits(32),
+            payload_type=negotiated.codec.payload_type,
+            first_sequence=rng.getrandbits(16),
+            first_timestamp=rng.getrandbits(32),
+        )
+        self._receiver = RtpReceiver()
+        self._dtmf = (
+            DtmfReceiver(payload_type=negotiated.dtmf_payload_type)
+            if negotiated.dtmf_payload_type is not None
+            else None
+        )
+        self._remote: Address | None = negotiated.remote_rtp
+        self._latched: Address | None = None
+        self._rtcp_remote: Address | None = None
+        self._paused = negotiated.on_hold
+        self._ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.answered = False
+        self.remote_ended = False
+        self.end_reason = ""
+
+    # --- Connection (for the drain) -------------------------------------------------------
+
+    @property
+    def established(self) -> bool:
+        return self.answered
+
+    # --- Peer -----------------------------------------------------------------------------
+
+    def send_audio(self, frame: bytes) -> None:
+        destination = self._latched or self._remote
+        if destination is None:
+            return
+        self.media.send_rtp(self._sender.packet(frame, time.monotonic()), destination)
+        self._metrics.rtp_packets.labels(direction="out").inc()
+
+    def on_interrupt(self) -> None:
+        return None  # RTP cannot flush the far end: at most the pacing lead is in flight
+
+    def mark_reached(self, name: str) -> None:
+        self.publish(MarkReached(name))  # no vendor echo: reached when its audio was sent
+
+    def vendor_hangup(self) -> None:
+        return None  # the teardown sends the BYE
+
+    # --- RTP in ---------------------------------------------------------------------------
+
+    def on_rtp(self, data: bytes, source: Address) -> None:
+        if self._latched is None:
+            self._latched = source  # symmetric RTP: answer where the caller sends from
+            self._rtcp_remote = (source[0], source[1] + 1)
+        elif source != self._latched:
+            self._metrics.rtp_dropped.labels(reason="unexpected_source").inc()
+            return
+        try:
+            packet = parse_rtp(data)
+        except RtpError:
+            self._metrics.rtp_dropped.labels(reason="malformed").inc()
+            return
+        self._metrics.rtp_packets.labels(direction="in").inc()
+        if self._dtmf is not None and packet.payload_type == self._dtmf.payload_type:
+            try:
+                digit = self._dtmf.on_packet(packet)
+            except RtpError:
+                self._metrics.rtp_dropped.labels(reason="malformed").inc()
+                return
+            if digit is not None:
+                self._metrics.dtmf.inc()
+                self.dtmf(digit)
+            return
+        if packet.payload_type != self.negotiated.codec.payload_type:
+            self._metrics.rtp_dropped.labels(reason="unknown_payload").inc()
+            return
+        duplicates = self._receiver.duplicates
+        if not self._receiver.on_packet(packet, time.monotonic()) and (
+            self._receiver.duplicates > duplicates
+        ):  # a source on probation (RFC 3550 A.1) is still the caller: only repeats go
+            self._metrics.rtp_dropped.labels(reason="duplicate").inc()
+            return
+        if self.session.started and packet.payload:
+            try:
+                self.session.feed_caller_audio(packet.payload)
+            except SessionError as exc:
+                self.peer_log.info("caller audio refused: %s", exc.code)
+
+    def on_rtcp(self, data: bytes, source: Address) -> None:
+        if self._latched is not None and source[0] != self._latched[0]:
+            self._metrics.rtp_dropped.labels(reason="unexpected_source").inc()
+            return
+        self._rtcp_remote = source
+        try:
+            self._receiver.on_rtcp(data, time.monotonic())
+        except RtpError:
+            self._metrics.rtp_dropped.labels(reason="malformed").inc()
+
+    # --- signalling in ----------------------------------------------------------------------
+
+    def ended(self, reason: str, *, remote: bool) -> None:
+        """The dialog ended (BYE, CANCEL, no ACK): tear the call down."""
+        if not self._ended.done():
+            self.remote_ended = remote
+            self._ended.set_result(reason)
+
+    def renegotiated(self, negotiated: Negotiated) -> None:
+        """A re-INVITE was answered: new address, hold or unhold."""
+        self.negotiated = negotiated
+        if negotiated.remote_rtp is not None:
+            self._remote = negotiated.remote_rtp
+        self.pause(negotiated.on_hold)
+
+    async def transfer(self, target: str) -> bool:
+        status = await self._signalling.refer(self, target)
+        return 200 <= status < 300
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the call until it ends; always releases everything it holds."""
+        state = self._state
+        state.connections.track(self)
+        state.metrics.sessions_active.labels(protocol=self.protocol).inc()
+        state.metrics.sessions_total.labels(protocol=self.protocol).inc()
+        self._metrics.calls_active.inc()
+        try:
+            await self._serve()
+        finally:
+            teardown = asyncio.ensure_future(self._teardown())
+            state.connections.own(teardown)
+            await asyncio.shield(teardown)
+
+    async def _serve(self) -> None:
+        starting = asyncio.ensure_future(self._start())
+        first: list[asyncio.Future[Any]] = [starting, self._ended]
+        await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # cancelled (CANCEL) or gone while the session started
+            starting.cancel()
+            await asyncio.wait([starting])
+            return
+        error = starting.exception()
+        if error is not None:
+            if isinstance(error, SessionError):
+                status, reason = status_for(error)
+                self.peer_log.info("refused: %s", error.code)
+                retry = -(-error.retry_after_ms // 1000) if error.retry_after_ms else None
+                self._signalling.reject(self, status, reason, retry)
+                self.end_reason = "rejected"
+                return
+            raise error
+        if self._ended.done() or not self._signalling.answer(self):
+            return
+        self.answered = True
+        self._metrics.setup.observe(time.monotonic() - self.invited_at)
+        route = asyncio.ensure_future(self._run_route())
+        rtcp = asyncio.ensure_future(self._send_reports())
+        ending: list[asyncio.Future[Any]] = [self.session.done, self._ended]
+        try:
+            await asyncio.wait([*ending, route], return_when=asyncio.FIRST_COMPLETED)
+            if route.done() and not route.cancelled() and route.exception() is not None:
+                log.error("sip call %s: route failed", self.call_id, exc_info=route.exception())
+            elif route.done():  # the flow ended without hanging up (it always does)
+                await asyncio.wait(ending, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (route, rtcp):
+                task.cancel()
+            await asyncio.wait([route, rtcp])
+
+    async def _start(self) -> None:
+        if self.route.answer_after_s > 0:
+            self._signalling.ring(self)
+            await asyncio.sleep(self.route.answer_after_s)
+        parameters = {"voice": self.route.voice} if self.route.voice else {}
+        await self.start_call(
+            call_id=self.call_id,
+            tenant=self.tenant,
+            format_name=CODEC_FORMATS[self.negotiated.codec.name],
+            parameters=parameters,
+        )
+
+    async def _run_route(self) -> None:
+        call = self.call
+        assert call is not None
+        if self.route.flow is not None:
+            await FlowRunner(call, self.route.flow, self).run()
+            return
+        # An IVR application attaches with start.call = the Call-ID; none in time: hang up.
+        await asyncio.sleep(self.route.attach_timeout_s)
+        if not call.subscribers:
+            self.peer_log.info("no application attached in %.0f s", self.route.attach_timeout_s)
+            self.hangup()
+        await asyncio.Future()  # the application drives the call until it ends
+
+    async def _send_reports(self) -> None:
+        while True:
+            await asyncio.sleep(RTCP_INTERVAL_S)
+            destination = self._rtcp_remote or self.negotiated.remote_rtcp
+            if destination is not None and self._sender.packets_sent:
+                report = self._sender.sender_report(
+                    wallclock=time.time(),
+                    now=time.monotonic(),
+                    receiver=self._receiver,
+                    cname=CNAME,
+                )
+                self.media.send_rtcp(report, destination)
+
+    async def _teardown(self) -> None:
+        reason = self._ended.result() if self._ended.done() else self.end_reason or "hangup"
+        if self.session.done.done() and not self._ended.done():
+            reason = self.session.done.result()[1]
+        try:
+            self.release_call(reason)
+        except Exception:
+            log.exception("sip call %s: release failed", self.call_id)
+        try:
+            await self.session.aclose(reason)
+        finally:
+            if self.answered and not self.remote_ended:
+                self._signalling.bye(self)
+            self._metrics.calls.labels(
+                reason=reason if self.remote_ended else (self.end_reason or "local_bye")
+            ).inc()
+            if self._receiver.received:
+                self._metrics.rtp_lost.inc(max(0, self._receiver.lost))
+                self._metrics.rtp_jitter.observe(self._receiver.jitter_ms / 1000)
+            self.media.close()
+            self._metrics.calls_active.dec()
+            self._state.connections.untrack(self)
+            self._state.metrics.sessions_active.labels(protocol=self.protocol).dec()

@@ -1,0 +1,129 @@
+"""RTP and RTCP sockets of SIP calls, from a port range (``GATEWAY_SIP_RTP_PORTS``).
+
+Each call binds an even port for RTP and the odd port above it for RTCP (RFC 3550
+section 11). What arrives is handed to the call's :class:`MediaSink`; the sockets do no
+parsing. A port another process holds is skipped; a range with no free pair left makes
+the call fail with 503 (the caller retries elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+Address = tuple[str, int]
+
+
+class MediaSink(Protocol):
+    def on_rtp(self, data: bytes, source: Address) -> None: ...
+    def on_rtcp(self, data: bytes, source: Address) -> None: ...
+
+
+class PortRangeExhausted(Exception):
+    pass
+
+
+class RtpPortPool:
+    """Even ports of ``[low, high]`` whose odd neighbour is also in range, least recently
+    used first (a port just released may still receive a late packet of its old call)."""
+
+    def __init__(self, low: int, high: int) -> None:
+        first = low + (low % 2)
+        self._free: collections.deque[int] = collections.deque(range(first, high, 2))
+        self.capacity = len(self._free)
+        self._used: set[int] = set()
+
+    def acquire(self) -> int:
+        if not self._free:
+            raise PortRangeExhausted("no free RTP port")
+        port = self._free.popleft()
+        self._used.add(port)
+        return port
+
+    def release(self, port: int) -> None:
+        if port in self._used:
+            self._used.remove(port)
+            self._free.append(port)
+
+    @property
+    def in_use(self) -> int:
+        return len(self._used)
+
+
+class _Socket(asyncio.DatagramProtocol):
+    def __init__(self, sink: MediaSink, *, rtcp: bool) -> None:
+        self.sink = sink
+        self._rtcp = rtcp
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        source = (str(addr[0]), int(addr[1]))
+        try:
+            if self._rtcp:
+                self.sink.on_rtcp(data, source)
+            else:
+                self.sink.on_rtp(data, source)
+        except Exception:  # one bad packet must never stop the socket
+            log.exception("rtp: packet handling failed")
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("rtp: socket error %r", exc)  # ICMP port unreachable from a gone peer
+
+
+class MediaPorts:
+    """The RTP and RTCP sockets of one call."""
+
+    def __init__(
+        self,
+        port: int,
+        rtp: tuple[asyncio.DatagramTransport, _Socket],
+        rtcp: tuple[asyncio.DatagramTransport, _Socket],
+    ) -> None:
+        self.port = port
+        self._rtp, self._rtp_socket = rtp
+        self._rtcp, self._rtcp_socket = rtcp
+
+    def attach(self, sink: MediaSink) -> None:
+        """Deliver what arrives from now on to ``sink``."""
+        self._rtp_socket.sink = sink
+        self._rtcp_socket.sink = sink
+
+    def send_rtp(self, data: bytes, destination: Address) -> None:
+        self._rtp.sendto(data, destination)
+
+    def send_rtcp(self, data: bytes, destination: Address) -> None:
+        self._rtcp.sendto(data, destination)
+
+    def close(self) -> None:
+        self._rtp.close()
+        self._rtcp.close()
+
+
+async def open_media(pool: RtpPortPool, host: str, sink: MediaSink) -> MediaPorts:
+    """Bind an RTP/RTCP pair from ``pool`` for ``sink``; ports another process holds are
+    skipped (and left out of the pool). Raises :class:`PortRangeExhausted`."""
+    loop = asyncio.get_running_loop()
+    for _ in range(pool.capacity):
+        port = pool.acquire()
+        rtp: asyncio.DatagramTransport | None = None
+        try:
+            rtp, rtp_socket = await loop.create_datagram_endpoint(
+                lambda: _Socket(sink, rtcp=False), local_addr=(host, port)
+            )
+            rtcp, rtcp_socket = await loop.create_datagram_endpoint(
+                lambda: _Socket(sink, rtcp=True), local_addr=(host, port + 1)
+            )
+        except OSError as exc:
+            if rtp is not None:
+                rtp.close()
+            log.warning("rtp: port %d or %d unavailable (%s); skipped", port, port + 1, exc)
+            continue  # not released: another process holds it
+        except BaseException:
+            if rtp is not None:
+                rtp.close()
+            pool.release(port)
+            raise
+        return MediaPorts(port, (rtp, rtp_socket), (rtcp, rtcp_socket))
+    raise PortRangeExhausted("no bindable RTP port pair in GATEWAY_SIP_RTP_PORTS")

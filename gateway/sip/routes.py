@@ -1,0 +1,270 @@
+"""SIP routes: what a call to a Request-URI user gets (``GATEWAY_SIP_ROUTES``, TOML).
+
+A route runs a flow of prompts and DTMF menus in the gateway, or waits for an IVR
+application to attach over the native protocol (``start.call`` = the SIP Call-ID, as for
+Twilio legs)::
+
+    [routes.ivr]                  # calls to sip:ivr@gateway
+    flow = "demo"
+    voice = "en-us-joe"           # optional: the engine's default voice
+
+    [routes.agent]
+    application = true            # an IVR application drives the call
+    attach_timeout_s = 30         # hang up when none attached by then
+    answer_after_s = 2            # ring (180) this long before answering (default 0)
+
+    [routes."*"]                  # any other user (optional; else 404)
+    flow = "demo"
+
+    [flows.demo]
+    start = "greet"
+
+    [flows.demo.steps.greet]
+    say = "Welcome. To continue, press 1."
+    gather = { digits = 1, timeout_s = 5, attempts = 3 }
+    on = { "1" = "confirm" }      # digits -> next step; other input and silence retry
+    fallback = "goodbye"          # after the last attempt (default: hang up)
+
+    [flows.demo.steps.confirm]
+    say = "You pressed {digits}. Thank you."
+    next = "goodbye"
+
+    [flows.demo.steps.goodbye]
+    say = "Goodbye."
+    hangup = true
+
+A step says its text (``{digits}``: the digits the last gather collected), then does one
+thing: ``gather`` (collect up to ``digits`` digits, ``#`` ends early; the timeout runs
+from the end of the prompt; a digit interrupts the prompt), ``next``, ``transfer`` (a SIP
+URI, sent as REFER; on refusal the flow goes on at ``fallback``) or ``hangup``. A step
+with none of them hangs up. The file is checked whole at start-up: an unknown step, a
+step with two actions or a route with no target is a configuration error.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.ipc.env import ConfigError
+
+__all__ = [
+    "DEFAULT_ROUTES",
+    "Flow",
+    "Gather",
+    "Route",
+    "Routes",
+    "Step",
+    "load_routes",
+    "parse_routes",
+]
+
+MAX_STEPS = 256
+MAX_SAY_CHARS = 2000
+MAX_GATHER_DIGITS = 32
+ANY_USER = "*"
+
+#: The built-in routes: user ``ivr`` greets the caller, asks for 1, confirms the digit,
+#: says goodbye and hangs up (the demo of design brief section 7); user ``app`` waits for
+#: an IVR application.
+DEFAULT_ROUTES = """
+[routes.ivr]
+flow = "demo"
+
+[routes.app]
+application = true
+
+[flows.demo]
+start = "greet"
+
+[flows.demo.steps.greet]
+say = "Welcome to the voice gateway demo. To continue, please press 1."
+gather = { digits = 1, timeout_s = 6, attempts = 3 }
+on = { "1" = "confirm" }
+fallback = "goodbye"
+
+[flows.demo.steps.confirm]
+say = "You pressed {digits}. Thank you."
+next = "goodbye"
+
+[flows.demo.steps.goodbye]
+say = "Goodbye."
+hangup = true
+"""
+
+
+@dataclass(frozen=True)
+class Gather:
+    digits: int = 1
+    timeout_s: float = 5.0
+    attempts: int = 3
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    say: str = ""
+    gather: Gather | None = None
+    on: Mapping[str, str] = field(default_factory=dict)
+    next: str | None = None
+    transfer: str | None = None
+    hangup: bool = False
+    fallback: str | None = None
+
+
+@dataclass(frozen=True)
+class Flow:
+    name: str
+    start: str
+    steps: Mapping[str, Step]
+
+
+@dataclass(frozen=True)
+class Route:
+    user: str
+    flow: Flow | None = None
+    application: bool = False
+    attach_timeout_s: float = 30.0
+    answer_after_s: float = 0.0
+    voice: str | None = None
+
+
+@dataclass(frozen=True)
+class Routes:
+    routes: Mapping[str, Route]
+
+    def match(self, user: str | None) -> Route | None:
+        """The route for a Request-URI user (``*`` catches the rest)."""
+        return self.routes.get(user or "") or self.routes.get(ANY_USER)
+
+
+def _table(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"SIP routes: {where} must be a table")
+    return value
+
+
+def _text(value: Any, where: str, limit: int = MAX_SAY_CHARS) -> str:
+    if not isinstance(value, str) or len(value) > limit:
+        raise ConfigError(f"SIP routes: {where} must be a string of at most {limit} characters")
+    return value
+
+
+def _number(value: Any, where: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ConfigError(f"SIP routes: {where} must be a number from {low} to {high}")
+    return float(value)
+
+
+_STEP_KEYS = {"say", "gather", "on", "next", "transfer", "hangup", "fallback"}
+
+
+def _step(name: str, raw: Mapping[str, Any], where: str) -> Step:
+    unknown = set(raw) - _STEP_KEYS
+    if unknown:
+        raise ConfigError(f"SIP routes: {where}: unknown keys {sorted(unknown)}")
+    actions = [key for key in ("gather", "next", "transfer") if key in raw]
+    if raw.get("hangup"):
+        actions.append("hangup")
+    if len(actions) > 1:
+        raise ConfigError(f"SIP routes: {where} has more than one action: {actions}")
+    gather = None
+    if "gather" in raw:
+        g = _table(raw["gather"], f"{where}.gather")
+        gather = Gather(
+            digits=int(_number(g.get("digits", 1), f"{where}.gather.digits", 1, MAX_GATHER_DIGITS)),
+            timeout_s=_number(g.get("timeout_s", 5), f"{where}.gather.timeout_s", 0.5, 120),
+            attempts=int(_number(g.get("attempts", 3), f"{where}.gather.attempts", 1, 10)),
+        )
+    on = {
+        _text(k, f"{where}.on key", MAX_GATHER_DIGITS): _text(v, f"{where}.on.{k}", 128)
+        for k, v in _table(raw.get("on", {}), f"{where}.on").items()
+    }
+    if on and gather is None:
+        raise ConfigError(f"SIP routes: {where}: 'on' needs a gather")
+    transfer = _text(raw["transfer"], f"{where}.transfer", 256) if "transfer" in raw else None
+    if transfer is not None and not transfer.startswith(("sip:", "sips:", "tel:")):
+        raise ConfigError(f"SIP routes: {where}.transfer must be a sip:, sips: or tel: URI")
+    return Step(
+        name=name,
+        say=_text(raw.get("say", ""), f"{where}.say"),
+        gather=gather,
+        on=on,
+        next=_text(raw["next"], f"{where}.next", 128) if "next" in raw else None,
+        transfer=transfer,
+        hangup=bool(raw.get("hangup", False)),
+        fallback=_text(raw["fallback"], f"{where}.fallback", 128) if "fallback" in raw else None,
+    )
+
+
+def _flow(name: str, raw: Mapping[str, Any]) -> Flow:
+    where = f"flows.{name}"
+    steps_raw = _table(raw.get("steps", {}), f"{where}.steps")
+    if not steps_raw or len(steps_raw) > MAX_STEPS:
+        raise ConfigError(f"SIP routes: {where} needs 1 to {MAX_STEPS} steps")
+    steps = {
+        k: _step(k, _table(v, f"{where}.steps.{k}"), f"{where}.steps.{k}")
+        for k, v in steps_raw.items()
+    }
+    start = _text(raw.get("start", next(iter(steps))), f"{where}.start", 128)
+    targets = [(start, "start")]
+    for step in steps.values():
+        targets += [(t, f"steps.{step.name}.on") for t in step.on.values()]
+        targets += [(t, f"steps.{step.name}") for t in (step.next, step.fallback) if t]
+    for target, source in targets:
+        if target not in steps:
+            raise ConfigError(f"SIP routes: {where}.{source} names an unknown step {target!r}")
+    return Flow(name=name, start=start, steps=steps)
+
+
+def parse_routes(text: str) -> Routes:
+    """Parse and check a routes file (raises :class:`ConfigError`)."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"SIP routes: not TOML: {exc}") from None
+    flows = {
+        name: _flow(name, _table(raw, f"flows.{name}"))
+        for name, raw in _table(doc.get("flows", {}), "flows").items()
+    }
+    routes: dict[str, Route] = {}
+    for user, raw_route in _table(doc.get("routes", {}), "routes").items():
+        raw = _table(raw_route, f"routes.{user}")
+        where = f"routes.{user}"
+        flow_name = raw.get("flow")
+        application = bool(raw.get("application", False))
+        if (flow_name is None) == (not application):
+            raise ConfigError(f"SIP routes: {where} needs exactly one of flow or application")
+        flow = None
+        if flow_name is not None:
+            flow = flows.get(_text(flow_name, f"{where}.flow", 128))
+            if flow is None:
+                raise ConfigError(f"SIP routes: {where} names an unknown flow {flow_name!r}")
+        voice = raw.get("voice")
+        routes[user] = Route(
+            user=user,
+            flow=flow,
+            application=application,
+            attach_timeout_s=_number(
+                raw.get("attach_timeout_s", 30), f"{where}.attach_timeout_s", 1, 3600
+            ),
+            answer_after_s=_number(raw.get("answer_after_s", 0), f"{where}.answer_after_s", 0, 60),
+            voice=_text(voice, f"{where}.voice", 128) if voice is not None else None,
+        )
+    if not routes:
+        raise ConfigError("SIP routes: no [routes.<user>] table")
+    return Routes(routes)
+
+
+def load_routes(path: Path | None) -> Routes:
+    """The routes file at ``path``, or the built-in demo routes."""
+    if path is None:
+        return parse_routes(DEFAULT_ROUTES)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"GATEWAY_SIP_ROUTES: cannot read {path}: {exc}") from None
+    return parse_routes(text)

@@ -1,0 +1,159 @@
+"""The flow runner as an application on a call: prompts, gathers, retries, hangup.
+
+The call is a real :class:`gateway.calls.Call`; its session is a fake that records what
+is spoken and lets the test play the events a real session would publish."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import pytest
+
+from gateway.calls import Call
+from gateway.events import Cleared, Dtmf, UtteranceDone
+from gateway.sip.flow import FlowRunner
+from gateway.sip.routes import DEFAULT_ROUTES, Flow, parse_routes
+
+
+class FakeSession:
+    def __init__(self) -> None:
+        self.spoken: list[tuple[str, str]] = []
+        self.clears = 0
+
+    def speak(self, text: str) -> str:
+        uid = f"u{len(self.spoken) + 1}"
+        self.spoken.append((uid, text))
+        return uid
+
+    def clear(self) -> None:
+        self.clears += 1
+
+
+class Host:
+    def __init__(self) -> None:
+        self.hung_up = 0
+        self.transfers: list[str] = []
+        self.accept_transfer = True
+
+    def hangup(self) -> None:
+        self.hung_up += 1
+
+    async def transfer(self, target: str) -> bool:
+        self.transfers.append(target)
+        return self.accept_transfer
+
+
+def demo_flow() -> Flow:
+    flow = parse_routes(DEFAULT_ROUTES).routes["ivr"].flow
+    assert flow is not None
+    return flow
+
+
+def make(flow: Flow) -> tuple[Call, FakeSession, Host, FlowRunner]:
+    session = FakeSession()
+    host = Host()
+    call = Call("c1", "sip", "t", {}, cast(Any, session), host.hangup)
+    return call, session, host, FlowRunner(call, flow, host)
+
+
+async def played(call: Call, session: FakeSession, count: int) -> str:
+    """Wait for prompt ``count`` and report it played; returns its text."""
+    for _ in range(200):
+        if len(session.spoken) >= count:
+            break
+        await asyncio.sleep(0.005)
+    uid, text = session.spoken[count - 1]
+    call.publish(UtteranceDone(uid, audio_ms=1000, first_audio_ms=100))
+    return text
+
+
+async def test_the_demo_greets_takes_1_confirms_and_hangs_up() -> None:
+    call, session, host, runner = make(demo_flow())
+    task = asyncio.ensure_future(runner.run())
+    assert "press 1" in await played(call, session, 1)
+    call.publish(Dtmf("1"))
+    assert await played(call, session, 2) == "You pressed 1. Thank you."
+    assert await played(call, session, 3) == "Goodbye."
+    await asyncio.wait_for(task, 1)
+    assert runner.visited == ["greet", "confirm", "goodbye"]
+    assert host.hung_up == 1
+    assert runner not in call.subscribers
+
+
+async def test_a_digit_during_the_prompt_stops_it() -> None:
+    call, session, _host, runner = make(demo_flow())
+    task = asyncio.ensure_future(runner.run())
+    for _ in range(100):
+        if session.spoken:
+            break
+        await asyncio.sleep(0.005)
+    call.publish(Dtmf("1"))
+    assert session.clears == 1
+    call.publish(Cleared())  # what the session publishes when it drops the prompt
+    assert await played(call, session, 2) == "You pressed 1. Thank you."
+    await played(call, session, 3)
+    await asyncio.wait_for(task, 1)
+
+
+async def test_a_wrong_digit_retries_then_silence_falls_back_to_goodbye(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    flow = (
+        parse_routes(
+            DEFAULT_ROUTES.replace("timeout_s = 6, attempts = 3", "timeout_s = 0.5, attempts = 2")
+        )
+        .routes["ivr"]
+        .flow
+    )
+    assert flow is not None
+    call, session, host, runner = make(flow)
+    task = asyncio.ensure_future(runner.run())
+    await played(call, session, 1)
+    call.publish(Dtmf("7"))  # no match: the prompt again
+    assert "press 1" in await played(call, session, 2)
+    # silence for the whole timeout: attempts used up, the fallback says goodbye
+    assert await played(call, session, 3) == "Goodbye."
+    await asyncio.wait_for(task, 2)
+    assert runner.visited == ["greet", "goodbye"]
+    assert runner.last_digits == "7"
+    assert host.hung_up == 1
+
+
+async def test_multi_digit_gather_ends_on_pound_and_transfer() -> None:
+    flow = (
+        parse_routes(
+            """
+[routes.x]
+flow = "f"
+[flows.f]
+start = "ask"
+[flows.f.steps.ask]
+say = "Enter your account number, then pound."
+gather = { digits = 8, timeout_s = 2 }
+on = { "1234" = "agent" }
+[flows.f.steps.agent]
+say = "Transferring."
+transfer = "sip:agent@pbx.example"
+fallback = "sorry"
+[flows.f.steps.sorry]
+say = "Sorry, no agent is free."
+hangup = true
+"""
+        )
+        .routes["x"]
+        .flow
+    )
+    assert flow is not None
+    call, session, host, runner = make(flow)
+    host.accept_transfer = False
+    task = asyncio.ensure_future(runner.run())
+    await played(call, session, 1)
+    for digit in "1234#":
+        call.publish(Dtmf(digit))
+    assert await played(call, session, 2) == "Transferring."
+    assert await played(call, session, 3) == "Sorry, no agent is free."
+    await asyncio.wait_for(task, 1)
+    assert host.transfers == ["sip:agent@pbx.example"]
+    assert runner.visited == ["ask", "agent", "sorry"]
+    assert host.hung_up == 1

@@ -1,0 +1,434 @@
+"""The SIP bridge against real SIP peers: sipp (Debian's ``sip-tester``) for the
+signalling, our own RTP endpoint for the media (``tests/integration/sip_peers.py``).
+
+Assertions are made where the caller is: the RTP that arrives (decoded length, sequence
+numbers, timestamps, marker bits), the SIP that sipp sees (sipp fails a call on any
+unexpected message or timeout), and what an attached IVR application is told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from gateway.sip.routes import DEFAULT_ROUTES
+from tests.integration import caller_audio
+from tests.integration.conftest import Connect
+from tests.integration.harness import GatewayProcess, free_udp_port, metric
+from tests.integration.sip_peers import (
+    OK_TO_REQUEST,
+    RtpPeer,
+    ack,
+    have_sipp,
+    in_dialog,
+    invite,
+    offer_sdp,
+    pause,
+    play_pcap,
+    recv,
+    run_sipp,
+    scenario,
+)
+from tests.integration.telephony_peers import attach, event_time
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not have_sipp(), reason="sipp (sip-tester) is not installed"),
+]
+
+GREETING = "Welcome to the voice gateway demo. To continue, please press 1."
+EXTRA_ROUTES = """
+[routes.ring]
+application = true
+answer_after_s = 3
+"""
+DTMF_PCAP = "/usr/share/sip-tester/dtmf_2833_1.pcap"
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    tmp = tmp_path_factory.mktemp("sip-gateway")
+    routes = tmp / "routes.toml"
+    routes.write_text(DEFAULT_ROUTES + EXTRA_ROUTES)
+    low = 40000 + (free_udp_port() % 200) * 100
+    gw = GatewayProcess(
+        tmp / "gateway.log",
+        GATEWAY_SIP_LISTEN=f"127.0.0.1:{free_udp_port()}",
+        GATEWAY_SIP_RTP_PORTS=f"{low}-{low + 99}",
+        GATEWAY_SIP_ROUTES=str(routes),
+    )
+    gw.start()
+    yield gw
+    gw.stop()
+
+
+def sip_target(gw: GatewayProcess) -> tuple[str, int]:
+    host, port = gw.env["GATEWAY_SIP_LISTEN"].rsplit(":", 1)
+    return host, int(port)
+
+
+def call_id() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}@127.0.0.1"
+
+
+async def prompt_ms(connect: Connect, text: str, fmt: str = "mulaw_8000") -> int:
+    """How long ``text`` plays in ``fmt`` when a native session speaks it."""
+    client = await connect()
+    await client.start(fmt=fmt, pacing="burst")
+    await client.send(type="speak", text=text, utterance_id="u")
+    done = await client.wait_event("utterance_done", utterance_id="u", timeout=20)
+    await client.aclose()
+    return int(done["audio_ms"])
+
+
+def assert_one_clean_stream(peer: RtpPeer) -> None:
+    """One SSRC, every sequence number once and in order, +160 per packet within a
+    talkspurt, the marker bit exactly at talkspurt starts."""
+    packets = peer.received
+    assert packets
+    assert len({p.ssrc for p in packets}) == 1
+    for previous, packet in itertools.pairwise(packets):
+        assert packet.sequence == (previous.sequence + 1) & 0xFFFF, "a sequence gap"
+        step = (packet.timestamp - previous.timestamp) & 0xFFFFFFFF
+        if packet.marker:
+            assert step >= 160
+        else:
+            assert step == 160, f"timestamp step {step} inside a talkspurt"
+    assert packets[0].marker
+
+
+def level_dbfs(pcm: npt.NDArray[np.int16]) -> float:
+    rms = float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2)))
+    return float(20 * np.log10(max(rms, 1e-9) / 32768))
+
+
+# --------------------------------------------------------------------------- the demo
+
+
+@pytest.mark.parametrize("codec", ["PCMU", "PCMA"])
+async def test_the_demo_ivr_greets_takes_a_digit_confirms_and_hangs_up(
+    gateway: GatewayProcess, connect: Connect, tmp_path: Path, codec: str
+) -> None:
+    peer = await RtpPeer.open(codec)
+    cid = call_id()
+    xml = scenario(
+        "demo",
+        invite("ivr", offer_sdp(peer.port, (codec,))),
+        recv(100, optional=True),
+        recv(180, optional=True),
+        recv(200, rrs=True),
+        ack("ivr"),
+        recv(request="BYE", timeout_ms=40000),
+        OK_TO_REQUEST,
+    )
+    try:
+        sipp = asyncio.ensure_future(run_sipp(xml, sip_target(gateway), tmp_path, call_id=cid))
+        await peer.wait_packets(10)
+        await peer.wait_quiet(0.5)
+        greeting_packets = len(peer.received)
+        await peer.send_digit("1")
+        result = await sipp
+        assert result.returncode == 0, result.output
+    finally:
+        peer.close()
+    fmt = "mulaw_8000" if codec == "PCMU" else "alaw_8000"
+    expected = await prompt_ms(connect, GREETING, fmt)
+    assert abs(greeting_packets * 20 - expected) <= 20
+    greeting = peer.audio()[: greeting_packets * 160]
+    assert level_dbfs(greeting) > -35  # speech, not silence
+    assert_one_clean_stream(peer)
+    spurts = peer.talkspurts()
+    assert len(spurts) >= 2  # the greeting, then the confirmation and goodbye
+    log = gateway.log_text()
+    assert f"call {cid}: flow demo step confirm" in log
+    assert f"call {cid}: flow demo step goodbye" in log
+    assert peer.rtcp and peer.rtcp[0][1] == 200  # an RTCP sender report (RFC 3550 6.4.1)
+
+
+async def test_sipp_rfc4733_digits_reach_the_flow(gateway: GatewayProcess, tmp_path: Path) -> None:
+    media = free_udp_port() & ~1
+    cid = call_id()
+    xml = scenario(
+        "dtmf",
+        invite("ivr", offer_sdp(media, ("PCMU",))),
+        recv(100, optional=True),
+        recv(200, rrs=True),
+        ack("ivr"),
+        pause(1500),
+        play_pcap(DTMF_PCAP),
+        recv(request="BYE", timeout_ms=30000),
+        OK_TO_REQUEST,
+    )
+    result = await run_sipp(xml, sip_target(gateway), tmp_path, media_port=media, call_id=cid)
+    assert result.returncode == 0, result.output
+    assert f"call {cid}: flow demo step confirm" in gateway.log_text()
+    assert await metric(gateway, "gateway_sip_dtmf_total") >= 1
+
+
+# --------------------------------------------------------------------------- the application
+
+
+async def test_an_application_gets_digits_barge_in_and_hangs_up(
+    gateway: GatewayProcess,
+    connect: Connect,
+    tmp_path: Path,
+) -> None:
+    peer = await RtpPeer.open("PCMU")
+    cid = call_id()
+    xml = scenario(
+        "app",
+        invite("app", offer_sdp(peer.port, ("PCMU",))),
+        recv(100, optional=True),
+        recv(200, rrs=True),
+        ack("app"),
+        recv(request="BYE", timeout_ms=40000),
+        OK_TO_REQUEST,
+    )
+    speech = caller_audio.espeak_speech()
+    try:
+        sipp = asyncio.ensure_future(run_sipp(xml, sip_target(gateway), tmp_path, call_id=cid))
+
+        async def app_connect(token: str | None = "") -> object:
+            return await connect(gateway.token(tenant="sip"))
+
+        app = await attach(app_connect, cid)  # type: ignore[arg-type]
+        await app.send(type="speak", text="Hello.", utterance_id="hello")
+        await app.wait_event("utterance_done", utterance_id="hello", timeout=10)
+        assert peer.remote is not None
+        await peer.send_digit("5")
+        assert (await app.wait_event("dtmf", timeout=5))["digit"] == "5"
+        await peer.send_digit("#")
+        assert (await app.wait_event("dtmf", count=2, timeout=5))["digit"] == "#"
+
+        menu = "For billing, press 1. For technical support, press 2. " * 3
+        await app.send(type="speak", text=menu, utterance_id="menu")
+        await app.wait_event("utterance_started", utterance_id="menu")
+        lead_in = 1.0
+        start = await peer.send_audio(np.concatenate([caller_audio.silence(lead_in), speech]))
+        barge = await app.wait_event("barge_in", timeout=5)
+        assert event_time(app, barge) - (start + lead_in) <= 0.300
+        assert not app.got.of_type("utterance_done")[1:]  # the menu did not finish
+        # The prompt stopped at the caller's ear: nothing after the barge-in but the lead.
+        after = [p for p in peer.received if p.at > event_time(app, barge) + 0.1]
+        assert len(after) <= 5
+
+        await app.send(type="hangup")
+        ended = await app.wait_event("call_ended", timeout=10)
+        assert ended["call_id"] == cid
+        result = await sipp
+        assert result.returncode == 0, result.output
+    finally:
+        peer.close()
+    assert_one_clean_stream(peer)
+
+
+# --------------------------------------------------------------------------- dialogs
+
+
+async def test_a_caller_bye_mid_prompt_ends_the_call_and_its_audio(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    peer = await RtpPeer.open("PCMU")
+    xml = scenario(
+        "bye",
+        invite("ivr", offer_sdp(peer.port, ("PCMU",))),
+        recv(100, optional=True),
+        recv(200, rrs=True),
+        ack("ivr"),
+        pause(1500),
+        in_dialog("BYE", "ivr", 2),
+        recv(200),
+    )
+    try:
+        result = await run_sipp(xml, sip_target(gateway), tmp_path)
+        assert result.returncode == 0, result.output
+        count = len(peer.received)
+        assert count > 20  # it was speaking
+        await asyncio.sleep(0.5)
+        assert len(peer.received) <= count + 4  # stopped at once (the lead at most)
+    finally:
+        peer.close()
+    await asyncio.sleep(0.3)
+    assert await metric(gateway, "gateway_sip_calls_active") == 0
+    assert await metric(gateway, "gateway_sessions_active", protocol="sip") == 0
+
+
+async def test_cancel_before_answer_gets_487_and_nothing_is_kept(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    peer = await RtpPeer.open("PCMU")
+    branch = f"z9hG4bK-{uuid.uuid4().hex[:10]}"
+    sdp = offer_sdp(peer.port, ("PCMU",))
+    xml = scenario(
+        "cancel",
+        invite("ring", sdp).replace("branch=[branch]", f"branch={branch}"),
+        recv(100, optional=True),
+        recv(180),
+        pause(300),
+        in_dialog("CANCEL", "ring", 1)
+        .replace("branch=[branch]", f"branch={branch}")
+        .replace("[peer_tag_param]", ""),
+        recv(200),
+        recv(487),
+        ack("ring").replace("branch=[branch]", f"branch={branch}"),
+    )
+    try:
+        result = await run_sipp(xml, sip_target(gateway), tmp_path)
+        assert result.returncode == 0, result.output
+        await asyncio.sleep(3.5)  # past the route's answer_after_s
+        assert peer.received == []
+    finally:
+        peer.close()
+    assert await metric(gateway, "gateway_sip_calls_active") == 0
+
+
+async def test_hold_pauses_the_prompt_and_unhold_resumes_it_without_a_gap(
+    gateway: GatewayProcess, connect: Connect, tmp_path: Path
+) -> None:
+    peer = await RtpPeer.open("PCMU")
+    cid = call_id()
+    hold = offer_sdp(peer.port, ("PCMU",), direction="sendonly")
+    resume = offer_sdp(peer.port, ("PCMU",))
+    check = (
+        '  <recv response="200"><action><ereg regexp="a={0}" search_in="body" '
+        'check_it="true" assign_to="d{1}"/></action></recv>\n'
+    )
+    xml = scenario(
+        "hold",
+        invite("app", resume),
+        recv(100, optional=True),
+        recv(200, rrs=True),
+        ack("app"),
+        pause(2000),
+        in_dialog("INVITE", "app", 2, hold),
+        recv(100, optional=True),
+        check.format("recvonly", 1),
+        ack("app", 2),
+        pause(1500),
+        in_dialog("INVITE", "app", 3, resume),
+        recv(100, optional=True),
+        check.format("sendrecv", 2),
+        ack("app", 3),
+        pause(1500),
+        in_dialog("BYE", "app", 4),
+        recv(200),
+        '  <Reference variables="d1,d2"/>\n',  # sipp refuses variables it never reads
+    )
+    try:
+        sipp = asyncio.ensure_future(run_sipp(xml, sip_target(gateway), tmp_path, call_id=cid))
+        app = await attach(lambda token="": connect(gateway.token(tenant="sip")), cid)
+        await app.send(type="speak", text="Please hold while we look at your account. " * 6)
+        result = await sipp
+        assert result.returncode == 0, result.output
+    finally:
+        peer.close()
+    arrivals = [p.at for p in peer.received]
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    assert max(gaps) >= 1.2  # nothing was sent while on hold
+    assert_one_clean_stream(peer)  # and no sequence gap across it; a marker at resume
+    assert sum(p.marker for p in peer.received) >= 2
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+async def test_no_common_codec_gets_488(gateway: GatewayProcess, tmp_path: Path) -> None:
+    xml = scenario(
+        "488",
+        invite("ivr", offer_sdp(30000, ("G729",))),
+        recv(100, optional=True),
+        recv(488),
+        ack("ivr"),
+    )
+    result = await run_sipp(xml, sip_target(gateway), tmp_path)
+    assert result.returncode == 0, result.output
+
+
+async def test_an_unknown_user_gets_404(gateway: GatewayProcess, tmp_path: Path) -> None:
+    xml = scenario(
+        "404",
+        invite("nobody", offer_sdp(30000, ("PCMU",))),
+        recv(100, optional=True),
+        recv(404),
+        ack("nobody"),
+    )
+    result = await run_sipp(xml, sip_target(gateway), tmp_path)
+    assert result.returncode == 0, result.output
+
+
+async def udp_exchange(target: tuple[str, int], data: bytes, timeout: float = 3.0) -> bytes:
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[bytes] = loop.create_future()
+
+    class Client(asyncio.DatagramProtocol):
+        def datagram_received(self, data: bytes, addr: object) -> None:
+            if not answer.done() and not data.startswith(b"SIP/2.0 100"):
+                answer.set_result(data)
+
+    transport, _ = await loop.create_datagram_endpoint(Client, local_addr=("127.0.0.1", 0))
+    try:
+        port = transport.get_extra_info("sockname")[1]
+        transport.sendto(data.replace(b"PORT", str(port).encode()), target)
+        async with asyncio.timeout(timeout):
+            return await answer
+    finally:
+        transport.close()
+
+
+def request(method: str, *, cseq: str | None = None) -> bytes:
+    lines = [
+        f"{method} sip:ivr@127.0.0.1 SIP/2.0",
+        f"Via: SIP/2.0/UDP 127.0.0.1:PORT;branch=z9hG4bK{uuid.uuid4().hex[:8]};rport",
+        "From: <sip:probe@127.0.0.1>;tag=1",
+        "To: <sip:ivr@127.0.0.1>",
+        f"Call-ID: {uuid.uuid4().hex}",
+        f"CSeq: {cseq or '1 ' + method}",
+        "Max-Forwards: 70",
+        "Content-Length: 0",
+        "",
+        "",
+    ]
+    return "\r\n".join(lines).encode()
+
+
+async def test_options_malformed_and_unsupported_requests(gateway: GatewayProcess) -> None:
+    target = sip_target(gateway)
+    assert (await udp_exchange(target, request("OPTIONS"))).startswith(b"SIP/2.0 200")
+    assert (await udp_exchange(target, request("OPTIONS", cseq="x OPTIONS"))).startswith(
+        b"SIP/2.0 400"
+    )
+    assert re.match(rb"SIP/2.0 (405|501)", await udp_exchange(target, request("SUBSCRIBE")))
+    assert (await udp_exchange(target, request("BYE"))).startswith(b"SIP/2.0 481")
+
+
+async def test_an_untrusted_source_gets_403_and_nothing_is_kept(tmp_path: Path) -> None:
+    gw = GatewayProcess(
+        tmp_path / "gateway.log",
+        GATEWAY_SIP_LISTEN=f"127.0.0.1:{free_udp_port()}",
+        GATEWAY_SIP_ALLOW="10.0.0.0/8=carrier",
+        ENGINE_VAD="0",
+    )
+    gw.start()
+    try:
+        body = offer_sdp(30000, ("PCMU",)).replace("\n", "\r\n").encode()
+        invite_bytes = (
+            request("INVITE").replace(
+                b"Content-Length: 0",
+                b"Content-Type: application/sdp\r\nContent-Length: %d" % len(body),
+            )
+            + body
+        )
+        answer = await udp_exchange(sip_target(gw), invite_bytes)
+        assert answer.startswith(b"SIP/2.0 403")
+        assert await metric(gw, "gateway_sip_refused_total", reason="untrusted") == 1
+        assert await metric(gw, "gateway_sip_calls_active") == 0
+    finally:
+        gw.stop()
