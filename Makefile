@@ -9,8 +9,10 @@ SYSTEM_STAMP := $(VENV)/.system-deps
 # opus-tools (opusdec) as the independent decoder in the tests, redis-server for tests
 # that start their own Redis, chromium (and a CJK font) for the demo page's browser tests,
 # nginx and prometheus (promtool) for the tests of deploy/: the reverse-proxy configuration,
-# the Prometheus configuration and alerting rules.
-APT_PACKAGES := libopus0 opus-tools redis-server chromium fonts-wqy-microhei nginx prometheus
+# the Prometheus configuration and alerting rules, sip-tester (sipp) and baresip as the SIP
+# peers of the SIP bridge's tests.
+APT_PACKAGES := libopus0 opus-tools redis-server chromium fonts-wqy-microhei nginx prometheus \
+  sip-tester baresip
 
 .PHONY: run test lint typecheck unit bench clean system-deps
 
@@ -56,7 +58,7 @@ $(BENCH_STAMP): $(STAMP)
 # The standard benchmark matrix (docs/benchmarks.md): gateway against the naive baseline
 # at 1, 50, 200 and 500 calls, then VAD throughput, barge-in latency and the voice cache,
 # then the neural voice (offline ceiling, realtime concurrency, burst, scaling) and the
-# intelligibility of every built-in voice over the telephone.
+# intelligibility of every built-in voice over the telephone, then SIP calls against Twilio legs.
 bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.matrix
 	$(PY) -m tests.bench.vad_throughput
@@ -64,6 +66,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.voice_cache
 	$(PY) -m tests.bench.neural
 	$(PY) -m tests.bench.intelligibility
+	$(PY) -m tests.bench.sip_calls
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache artifacts

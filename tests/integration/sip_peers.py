@@ -393,3 +393,59 @@ async def run_sipp(
         text += "\n--- sipp errors ---\n" + errors.read_text(errors="replace")[-4000:]
     assert proc.returncode is not None
     return SippResult(proc.returncode, text)
+
+
+# --------------------------------------------------------------------------- baresip
+
+BARESIP_CONFIG = """sip_listen\t127.0.0.1:0
+audio_player\taubridge,nil
+audio_source\taufile,{source}
+audio_alert\taubridge,nil
+audio_srate\t8000
+audio_channels\t1
+jitter_buffer_delay\t0-0
+module_path\t/usr/lib/baresip/modules
+module\tg711.so
+module\taufile.so
+module\taubridge.so
+module\tsndfile.so
+module_app\taccount.so
+module_app\tmenu.so
+snd_path\t{dumps}
+"""
+
+
+def have_baresip() -> bool:
+    return shutil.which("baresip") is not None and Path("/usr/lib/baresip/modules").is_dir()
+
+
+def baresip_config(directory: Path, seconds: float = 30.0) -> Path:
+    """A baresip configuration with no sound card: it sends ``seconds`` of silence from a
+    WAV file (aufile) and writes what it decodes to ``directory/dumps`` (sndfile). Its
+    jitter buffer is off: with one, the packets still buffered when the call ends (about
+    100 ms) are never decoded, and the dump could not be held to the prompt's length."""
+    import wave
+
+    directory.mkdir(parents=True, exist_ok=True)
+    dumps = directory / "dumps"
+    dumps.mkdir(exist_ok=True)
+    source = directory / "silence.wav"
+    with wave.open(str(source), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(b"\0\0" * int(8000 * seconds))
+    (directory / "config").write_text(BARESIP_CONFIG.format(source=source, dumps=dumps))
+    (directory / "accounts").write_text("<sip:baresip@127.0.0.1>;regint=0\n")
+    return dumps
+
+
+def decoded_dump(dumps: Path) -> npt.NDArray[np.int16]:
+    """What baresip decoded from the call (its sndfile ``-dec.wav``)."""
+    import wave
+
+    files = sorted(dumps.glob("*-dec.wav"))
+    assert files, f"no decoded dump in {dumps}"
+    with wave.open(str(files[-1])) as w:
+        assert w.getframerate() == 8000
+        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").copy()

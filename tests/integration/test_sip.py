@@ -27,6 +27,9 @@ from tests.integration.sip_peers import (
     OK_TO_REQUEST,
     RtpPeer,
     ack,
+    baresip_config,
+    decoded_dump,
+    have_baresip,
     have_sipp,
     in_dialog,
     invite,
@@ -228,6 +231,48 @@ async def test_an_application_gets_digits_barge_in_and_hangs_up(
     finally:
         peer.close()
     assert_one_clean_stream(peer)
+
+
+@pytest.mark.skipif(not have_baresip(), reason="baresip is not installed")
+async def test_baresip_calls_in_and_hears_the_whole_prompt(
+    gateway: GatewayProcess, connect: Connect, tmp_path: Path
+) -> None:
+    dumps = baresip_config(tmp_path / "baresip")
+    host, port = sip_target(gateway)
+    started_before = set(re.findall(r"sip call (\S+) started", gateway.log_text()))
+    proc = await asyncio.create_subprocess_exec(
+        "baresip", "-f", str(tmp_path / "baresip"), "-e", f"/dial sip:app@{host}:{port}",
+        "-t", "30",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        cid = ""
+        async with asyncio.timeout(10):
+            while not cid:
+                calls = set(re.findall(r"sip call (\S+) started", gateway.log_text()))
+                cid = next(iter(calls - started_before), "")
+                await asyncio.sleep(0.05)
+        app = await attach(lambda token="": connect(gateway.token(tenant="sip")), cid)
+        text = "Thank you for calling. Your order has shipped."
+        await app.send(type="speak", text=text, utterance_id="p")
+        done = await app.wait_event("utterance_done", utterance_id="p", timeout=15)
+        await asyncio.sleep(0.6)  # baresip plays out its jitter buffer (5-10 packets)
+        await app.send(type="hangup")
+        ended = await app.wait_event("call_ended", timeout=10)
+        assert ended["call_id"] == cid
+        assert proc.stdout is not None
+        async with asyncio.timeout(10):  # baresip saw our BYE
+            while b"terminated" not in (line := await proc.stdout.readline()):
+                assert line, "baresip exited before the call ended"
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()
+    heard = decoded_dump(dumps)
+    assert abs(len(heard) / 8 - done["audio_ms"]) <= 60  # every frame, nothing more
+    assert level_dbfs(heard) > -35
 
 
 # --------------------------------------------------------------------------- dialogs
