@@ -159,7 +159,7 @@ class SipLeg(CallLeg):
         if destination is None:
             return
         self.media.send_rtp(self._sender.packet(frame, time.monotonic()), destination)
-        self._metrics.rtp_packets.labels(direction="out").inc()
+        self._metrics.rtp_out.inc()
 
     def on_interrupt(self) -> None:
         return None  # RTP cannot flush the far end: at most the pacing lead is in flight
@@ -184,7 +184,7 @@ class SipLeg(CallLeg):
         except RtpError:
             self._metrics.rtp_dropped.labels(reason="malformed").inc()
             return
-        self._metrics.rtp_packets.labels(direction="in").inc()
+        self._metrics.rtp_in.inc()
         if self._dtmf is not None and packet.payload_type == self._dtmf.payload_type:
             try:
                 digit = self._dtmf.on_packet(packet)

@@ -52,6 +52,9 @@ class SipMetrics:
             ["direction"],
             registry=r,
         )
+        # the per-packet counters, labelled once (labels() is a lookup under a lock)
+        self.rtp_in = self.rtp_packets.labels(direction="in")
+        self.rtp_out = self.rtp_packets.labels(direction="out")
         self.rtp_dropped = Counter(
             "gateway_sip_rtp_dropped_total",
             "Inbound RTP packets dropped, by reason (unexpected_source, malformed, "

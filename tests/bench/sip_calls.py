@@ -37,7 +37,13 @@ INTERVAL_P99_MS, JITTER_P99_MS = 30.0, 20.0
 
 
 def run(protocol: str, sessions: int, opts: LoadOptions, work: Path) -> dict[str, Any]:
-    target = GatewayTarget(work / f"{protocol}-{sessions}", slots=max(512, sessions + 8))
+    # A SIP call has no token to carry a max_streams claim: its tenant (the trusted
+    # network's, "loadgen") is held to GATEWAY_TENANT_MAX_STREAMS, provisioned here.
+    target = GatewayTarget(
+        work / f"{protocol}-{sessions}",
+        slots=max(512, sessions + 8),
+        env={"GATEWAY_TENANT_MAX_STREAMS": str(max(100, sessions + 8))},
+    )
     target.start()
     try:
         level = run_level(target, sessions, replace(opts, protocol=protocol))

@@ -52,6 +52,13 @@ EXTRA_ROUTES = """
 [routes.ring]
 application = true
 answer_after_s = 3
+
+[routes.transfer]
+flow = "transfer"
+
+[flows.transfer.steps.hand-over]
+say = "Transferring you now."
+transfer = "sip:agent@127.0.0.1"
 """
 DTMF_PCAP = "/usr/share/sip-tester/dtmf_2833_1.pcap"
 
@@ -380,6 +387,47 @@ async def test_hold_pauses_the_prompt_and_unhold_resumes_it_without_a_gap(
     assert max(gaps) >= 1.2  # nothing was sent while on hold
     assert_one_clean_stream(peer)  # and no sequence gap across it; a marker at resume
     assert sum(p.marker for p in peer.received) >= 2
+
+
+async def test_a_flow_transfers_with_refer_and_hangs_up_once_accepted(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    peer = await RtpPeer.open("PCMU")
+    accept_refer = """  <recv request="REFER" timeout="15000">
+    <action><ereg regexp="sip:agent@127[.]0[.]0[.]1" search_in="hdr" header="Refer-To:"
+      check_it="true" assign_to="r"/></action>
+  </recv>
+  <send>
+    <![CDATA[
+
+      SIP/2.0 202 Accepted
+      [last_Via:]
+      [last_From:]
+      [last_To:]
+      [last_Call-ID:]
+      [last_CSeq:]
+      Content-Length: 0
+
+    ]]>
+  </send>
+"""
+    xml = scenario(
+        "refer",
+        invite("transfer", offer_sdp(peer.port, ("PCMU",))),
+        recv(100, optional=True),
+        recv(200, rrs=True),
+        ack("transfer"),
+        accept_refer,
+        recv(request="BYE", timeout_ms=10000),
+        OK_TO_REQUEST,
+        '  <Reference variables="r"/>\n',
+    )
+    try:
+        result = await run_sipp(xml, sip_target(gateway), tmp_path)
+        assert result.returncode == 0, result.output
+        assert len(peer.received) > 20  # the announcement played before the REFER
+    finally:
+        peer.close()
 
 
 # --------------------------------------------------------------------------- refusals
