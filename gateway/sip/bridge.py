@@ -23,7 +23,7 @@ import time
 
 from gateway.sip.config import SipSettings, tenant_for
 from gateway.sip.leg import SipLeg
-from gateway.sip.media import PortRangeExhausted, RtpPortPool, open_media
+from gateway.sip.media import PortRangeExhausted, RtpPortPool, open_media, valid_destination
 from gateway.sip.metrics import SipMetrics
 from gateway.sip.routes import Route, Routes
 from gateway.state import GatewayState
@@ -36,6 +36,7 @@ from telephony.sdp import (
     parse_sdp,
 )
 from telephony.sip import (
+    REASON_PHRASES,
     CallCancelled,
     CallConfirmed,
     CallEnded,
@@ -85,6 +86,7 @@ class SipBridge(asyncio.DatagramProtocol):
         self._legs: dict[DialogId, SipLeg] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._refers: dict[DialogId, asyncio.Future[int]] = {}
+        self._stopping = False
         self._requests_seen: dict[str, int] = {}
         self._responses_seen: dict[int, int] = {}
         self.port = 0
@@ -102,15 +104,21 @@ class SipBridge(asyncio.DatagramProtocol):
             port=self.port,
             user_agent=USER_AGENT,
             max_dialogs=self.settings.max_calls,
+            retry_after_s=self.settings.retry_after_s,
         )
         log.info("sip: listening on udp %s:%d", host, self.port)
 
     async def stop(self) -> None:
         """End every call (their teardowns send BYE), then close the socket."""
+        self._stopping = True  # no new call from here on (503)
         for leg in list(self._legs.values()):
             leg.hangup()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
+        for task in list(self._tasks):  # still starting after 5 s: give up on them
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=2)
         self._flush()
         if self._timer is not None:
             self._timer.cancel()
@@ -130,8 +138,11 @@ class SipBridge(asyncio.DatagramProtocol):
         source = (str(addr[0]), int(addr[1]))
         if tenant_for(self.settings.allow, source[0]) is None:
             self.metrics.refused.labels(reason="untrusted").inc()
-            core.refuse(data, source, 403, "Forbidden")
-            self._flush()
+            try:
+                core.refuse(data, source, 403, "Forbidden")
+            except Exception:
+                log.exception("sip: the core failed refusing a datagram")
+            self._send_queued()
             return
         try:
             events = core.receive(data, source, time.monotonic())
@@ -187,7 +198,7 @@ class SipBridge(asyncio.DatagramProtocol):
         if tenant is None:  # cannot happen: untrusted sources are refused before the core
             core.reject(event.dialog, 403, "Forbidden")
             return
-        if self._state.connections.draining:
+        if self._state.connections.draining or self._stopping:
             core.reject(event.dialog, 503, "Service Unavailable", retry)
             return
         if not self._rate.allow(now):
@@ -237,7 +248,7 @@ class SipBridge(asyncio.DatagramProtocol):
             )
             self._flush()
             return
-        if core.dialog_state(event.dialog) is not DialogState.EARLY:  # cancelled meanwhile
+        if core.dialog_state(event.dialog) is not DialogState.EARLY or self._stopping:
             media.close()
             self._ports.release(media.port)
             self.metrics.calls.labels(reason="cancelled").inc()
@@ -254,6 +265,9 @@ class SipBridge(asyncio.DatagramProtocol):
             negotiated=negotiated,
             media=media,
             invited_at=now,
+            signalling_host=event.source[0],
+            max_call_s=self.settings.max_call_s,
+            rtp_timeout_s=self.settings.rtp_timeout_s,
         )
         media.attach(leg)
         self._legs[event.dialog] = leg
@@ -292,10 +306,19 @@ class SipBridge(asyncio.DatagramProtocol):
             self._flush()
         return True
 
-    def reject(self, leg: SipLeg, status: int, reason: str, retry_after_s: int | None) -> None:
+    def reject(self, leg: SipLeg, status: int, retry_after_s: int | None = None) -> None:
+        if status == 503 and retry_after_s is None:
+            retry_after_s = self.settings.retry_after_s
         headers = [("Retry-After", str(retry_after_s))] if retry_after_s is not None else []
-        self._require_core().reject(leg.dialog, status, reason, headers)
-        self._flush()
+        try:
+            self._require_core().reject(leg.dialog, status, _reason(status), headers)
+        except SipUsageError as exc:  # answered or gone meanwhile
+            log.info("sip call %s: not rejected: %s", leg.call_id[:64], exc)
+        finally:
+            self._flush()
+
+    def trusted(self, host: str) -> bool:
+        return tenant_for(self.settings.allow, host) is not None
 
     def bye(self, leg: SipLeg) -> None:
         self._require_core().bye(leg.dialog, time.monotonic())
@@ -303,9 +326,14 @@ class SipBridge(asyncio.DatagramProtocol):
 
     async def refer(self, leg: SipLeg, target: str) -> int:
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        try:
+            self._require_core().refer(leg.dialog, target, time.monotonic())
+        except SipUsageError as exc:  # a target the core cannot send, or the call is gone
+            log.info("sip call %s: no REFER to %s: %s", leg.call_id[:64], target[:64], exc)
+            return 400
+        finally:
+            self._flush()
         self._refers[leg.dialog] = waiter
-        self._require_core().refer(leg.dialog, target, time.monotonic())
-        self._flush()
         try:
             async with asyncio.timeout(32):
                 return await waiter
@@ -351,7 +379,8 @@ class SipBridge(asyncio.DatagramProtocol):
         if core is None or transport is None:
             return
         for data, destination in core.outgoing():
-            transport.sendto(data, destination)
+            if valid_destination(destination):
+                transport.sendto(data, destination)
         self._count(core)
         deadline = core.next_timer()
         if self._timer is not None:
@@ -380,11 +409,16 @@ class SipBridge(asyncio.DatagramProtocol):
         core = self._core
         if core is None:
             return
-        self._handle(core.on_timer(time.monotonic()))
+        try:
+            events = core.on_timer(time.monotonic())
+        except Exception:  # a bug must not stop every retransmission and timeout
+            log.exception("sip: the core failed on a timer")
+            events = []
+        self._handle(events)
 
 
 def _reason(status: int) -> str:
-    return "Not Acceptable Here" if status == 488 else "Bad Request"
+    return REASON_PHRASES.get(status, "Error")
 
 
 class _PendingSink:

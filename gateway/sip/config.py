@@ -12,7 +12,8 @@
   built-in demo routes.
 
 The bridge's own limits (``GATEWAY_SIP_MAX_CALLS``, ``GATEWAY_SIP_MAX_CALLS_PER_SOURCE``,
-``GATEWAY_SIP_INVITES_PER_S``) are listed in README.md's configuration table.
+``GATEWAY_SIP_INVITES_PER_S``, ``GATEWAY_SIP_MAX_CALL_S``, ``GATEWAY_SIP_RTP_TIMEOUT_S``)
+are listed in docs/telephony.md.
 """
 
 from __future__ import annotations
@@ -92,10 +93,12 @@ class SipSettings:
     rtp_ports: tuple[int, int] = (20000, 20999)
     allow: tuple[TrustedNetwork, ...] = parse_allow(DEFAULT_ALLOW)
     routes_path: Path | None = None
-    max_calls: int = 1000  # dialogs at once; beyond: 503 with Retry-After
+    max_calls: int = 500  # dialogs at once (the default port range's pairs); beyond: 503
     max_calls_per_source: int = 500  # dialogs from one source address
     invites_per_s: int = 200  # new INVITEs per second, all sources; beyond: 503
     retry_after_s: int = 5
+    max_call_s: float = 4 * 3600.0  # a call longer than this is hung up
+    rtp_timeout_s: float = 60.0  # no RTP from the caller this long (not on hold): hung up
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> SipSettings | None:
@@ -125,7 +128,9 @@ class SipSettings:
             rtp_ports=(low, high),
             allow=parse_allow(env.get("GATEWAY_SIP_ALLOW") or DEFAULT_ALLOW),
             routes_path=Path(routes) if routes else None,
-            max_calls=env_int(env, "GATEWAY_SIP_MAX_CALLS", 1000, minimum=1),
+            max_calls=env_int(env, "GATEWAY_SIP_MAX_CALLS", 500, minimum=1),
             max_calls_per_source=env_int(env, "GATEWAY_SIP_MAX_CALLS_PER_SOURCE", 500, minimum=1),
             invites_per_s=env_int(env, "GATEWAY_SIP_INVITES_PER_S", 200, minimum=1),
+            max_call_s=float(env_int(env, "GATEWAY_SIP_MAX_CALL_S", 4 * 3600, minimum=10)),
+            rtp_timeout_s=float(env_int(env, "GATEWAY_SIP_RTP_TIMEOUT_S", 60, minimum=5)),
         )

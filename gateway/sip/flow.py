@@ -23,7 +23,14 @@ from gateway.sip.routes import Flow, Gather, Step
 log = logging.getLogger(__name__)
 #: The longest a prompt may take to play before the flow moves on regardless.
 PROMPT_TIMEOUT_S = 120.0
+#: Steps one call may run: a flow that loops for ever (an announcement repeated, a menu
+#: the caller never answers) ends, hung up, after this many.
+MAX_STEPS_PER_CALL = 500
 END_OF_INPUT = "#"
+
+
+class _Stop(Exception):
+    """The flow cannot go on (a prompt was refused); the call is hung up."""
 
 
 class FlowHost(Protocol):
@@ -71,10 +78,18 @@ class FlowRunner:
         try:
             name: str | None = self._flow.start
             while name is not None:
+                if len(self.visited) >= MAX_STEPS_PER_CALL:
+                    log.warning(
+                        "call %s: %d flow steps; hanging up", self._call.call_id, len(self.visited)
+                    )
+                    self._host.hangup()
+                    return
                 step = self._flow.steps[name]
                 self.visited.append(name)
                 log.info("call %s: flow %s step %s", self._call.call_id, self._flow.name, name)
                 name = await self._run_step(step)
+        except _Stop:
+            self._host.hangup()
         finally:
             self._call.subscribers.discard(self)
 
@@ -143,9 +158,9 @@ class FlowRunner:
             return
         try:
             self._prompt = self._call.session.speak(text)
-        except SessionError as exc:
-            log.info("call %s: prompt refused: %s", self._call.call_id, exc.code)
-            self._prompt_over.set()
+        except SessionError as exc:  # overloaded, closing: a menu nobody hears is no menu
+            log.info("call %s: prompt refused (%s); hanging up", self._call.call_id, exc.code)
+            raise _Stop from None
 
     async def _wait_prompt(self) -> None:
         try:

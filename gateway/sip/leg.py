@@ -65,20 +65,32 @@ class Signalling(Protocol):
         """Send the 200 OK; False when the dialog ended meanwhile."""
         ...
 
-    def reject(self, leg: SipLeg, status: int, reason: str, retry_after_s: int | None) -> None: ...
+    def reject(self, leg: SipLeg, status: int, retry_after_s: int | None = None) -> None: ...
     def bye(self, leg: SipLeg) -> None: ...
     async def refer(self, leg: SipLeg, target: str) -> int: ...
+    def trusted(self, host: str) -> bool:
+        """``host`` is in a trusted network (``GATEWAY_SIP_ALLOW``)."""
+        ...
 
 
-def status_for(error: SessionError) -> tuple[int, str]:
-    """A session start's refusal as a final response to the INVITE."""
-    if error.code in (ErrorCode.OVERLOADED, ErrorCode.QUEUE_TIMEOUT, ErrorCode.SHUTTING_DOWN):
-        return 503, "Service Unavailable"
-    if error.code in (ErrorCode.ENGINE_UNAVAILABLE, ErrorCode.TENANT_LIMIT):
-        return 503, "Service Unavailable"
-    if error.code is ErrorCode.UNKNOWN_VOICE:
-        return 500, "Server Internal Error"  # the route names a voice the engine lacks
-    return 500, "Server Internal Error"
+#: Session refusals that are about load or this instance, not the call: 503 with
+#: Retry-After, so the PBX or SBC tries again or elsewhere.
+TRY_ELSEWHERE = frozenset(
+    {
+        ErrorCode.OVERLOADED,
+        ErrorCode.QUEUE_TIMEOUT,
+        ErrorCode.SHUTTING_DOWN,
+        ErrorCode.ENGINE_UNAVAILABLE,
+        ErrorCode.TENANT_LIMIT,
+        ErrorCode.LIMITS_UNAVAILABLE,
+    }
+)
+
+
+def status_for(error: SessionError) -> int:
+    """A session start's refusal as a final response to the INVITE: 503 for load, 500
+    for the rest (a route naming a voice the engine lacks, a Call-ID already in use)."""
+    return 503 if error.code in TRY_ELSEWHERE else 500
 
 
 class SipLeg(CallLeg):
@@ -98,6 +110,9 @@ class SipLeg(CallLeg):
         negotiated: Negotiated,
         media: MediaPorts,
         invited_at: float,
+        signalling_host: str,
+        max_call_s: float,
+        rtp_timeout_s: float,
     ) -> None:
         self._state = state
         self._signalling = signalling
@@ -112,6 +127,10 @@ class SipLeg(CallLeg):
         self.sdp_version = 0  # incremented with every answer (RFC 3264 section 8)
         self.media = media
         self.invited_at = invited_at
+        self._signalling_host = signalling_host
+        self._max_call_s = max_call_s
+        self._rtp_timeout_s = rtp_timeout_s
+        self._last_rtp_at = invited_at
         self.session = Session(
             peer=self,
             engine=state.engine.client,
@@ -143,6 +162,7 @@ class SipLeg(CallLeg):
         self._paused = negotiated.on_hold
         self._ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.answered = False
+        self.rejected = False
         self.remote_ended = False
         self.end_reason = ""
 
@@ -173,36 +193,40 @@ class SipLeg(CallLeg):
     # --- RTP in ---------------------------------------------------------------------------
 
     def on_rtp(self, data: bytes, source: Address) -> None:
-        if self._latched is None:
-            self._latched = source  # symmetric RTP: answer where the caller sends from
-            self._rtcp_remote = (source[0], source[1] + 1)
-        elif source != self._latched:
-            self._metrics.rtp_dropped.labels(reason="unexpected_source").inc()
+        if self._latched is not None and source != self._latched:
+            self._metrics.rtp_unexpected_source.inc()
             return
         try:
             packet = parse_rtp(data)
         except RtpError:
-            self._metrics.rtp_dropped.labels(reason="malformed").inc()
+            self._metrics.rtp_malformed.inc()
             return
+        if self._latched is None:
+            if not self._may_latch(packet.payload_type, source[0]):
+                self._metrics.rtp_unexpected_source.inc()
+                return
+            self._latched = source  # symmetric RTP: answer where the caller sends from
+            self._rtcp_remote = (source[0], source[1] + 1)
+        self._last_rtp_at = time.monotonic()
         self._metrics.rtp_in.inc()
         if self._dtmf is not None and packet.payload_type == self._dtmf.payload_type:
             try:
                 digit = self._dtmf.on_packet(packet)
             except RtpError:
-                self._metrics.rtp_dropped.labels(reason="malformed").inc()
+                self._metrics.rtp_malformed.inc()
                 return
             if digit is not None:
                 self._metrics.dtmf.inc()
                 self.dtmf(digit)
             return
         if packet.payload_type != self.negotiated.codec.payload_type:
-            self._metrics.rtp_dropped.labels(reason="unknown_payload").inc()
+            self._metrics.rtp_unknown_payload.inc()
             return
         duplicates = self._receiver.duplicates
         if not self._receiver.on_packet(packet, time.monotonic()) and (
             self._receiver.duplicates > duplicates
         ):  # a source on probation (RFC 3550 A.1) is still the caller: only repeats go
-            self._metrics.rtp_dropped.labels(reason="duplicate").inc()
+            self._metrics.rtp_duplicate.inc()
             return
         if self.session.started and packet.payload:
             try:
@@ -211,14 +235,26 @@ class SipLeg(CallLeg):
                 self.peer_log.info("caller audio refused: %s", exc.code)
 
     def on_rtcp(self, data: bytes, source: Address) -> None:
-        if self._latched is not None and source[0] != self._latched[0]:
-            self._metrics.rtp_dropped.labels(reason="unexpected_source").inc()
+        if self._latched is None or source[0] != self._latched[0]:
+            self._metrics.rtp_unexpected_source.inc()  # RTCP follows the latched RTP
             return
-        self._rtcp_remote = source
         try:
             self._receiver.on_rtcp(data, time.monotonic())
         except RtpError:
-            self._metrics.rtp_dropped.labels(reason="malformed").inc()
+            self._metrics.rtp_malformed.inc()
+            return
+        self._rtcp_remote = source
+
+    def _may_latch(self, payload_type: int, host: str) -> bool:
+        """Latch only on the call's own media: a negotiated payload type, from the SDP's
+        address, the signalling peer's, or a trusted network (a stray packet of an
+        earlier call on a reused port, or a spoofed one, must not take the audio)."""
+        negotiated = self.negotiated
+        if payload_type not in (negotiated.codec.payload_type, negotiated.dtmf_payload_type):
+            return False
+        if negotiated.remote_rtp is not None and host == negotiated.remote_rtp[0]:
+            return True
+        return host == self._signalling_host or self._signalling.trusted(host)
 
     # --- signalling in ----------------------------------------------------------------------
 
@@ -230,9 +266,13 @@ class SipLeg(CallLeg):
 
     def renegotiated(self, negotiated: Negotiated) -> None:
         """A re-INVITE was answered: new address, hold or unhold."""
-        self.negotiated = negotiated
-        if negotiated.remote_rtp is not None:
+        dtmf = negotiated.dtmf_payload_type
+        if dtmf != self.negotiated.dtmf_payload_type:
+            self._dtmf = DtmfReceiver(payload_type=dtmf) if dtmf is not None else None
+        if negotiated.remote_rtp is not None and negotiated.remote_rtp != self._remote:
             self._remote = negotiated.remote_rtp
+            self._latched = self._rtcp_remote = None  # the media moved: latch again
+        self.negotiated = negotiated
         self.pause(negotiated.on_hold)
 
     async def transfer(self, target: str) -> bool:
@@ -257,22 +297,21 @@ class SipLeg(CallLeg):
 
     async def _serve(self) -> None:
         starting = asyncio.ensure_future(self._start())
-        first: list[asyncio.Future[Any]] = [starting, self._ended]
+        first: list[asyncio.Future[Any]] = [starting, self._ended, self.session.done]
         await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():  # cancelled (CANCEL) or gone while the session started
+        if not starting.done():  # CANCEL, BYE, or the drain while the session started
             starting.cancel()
             await asyncio.wait([starting])
+            if not self._ended.done():  # the drain: try another instance
+                self._reject(503, self._state.settings.retry_after_ms)
             return
         error = starting.exception()
         if error is not None:
-            if isinstance(error, SessionError):
-                status, reason = status_for(error)
-                self.peer_log.info("refused: %s", error.code)
-                retry = -(-error.retry_after_ms // 1000) if error.retry_after_ms else None
-                self._signalling.reject(self, status, reason, retry)
-                self.end_reason = "rejected"
-                return
-            raise error
+            if not isinstance(error, SessionError):
+                raise error  # the teardown answers 500
+            self.peer_log.info("refused: %s", error.code)
+            self._reject(status_for(error), error.retry_after_ms)
+            return
         if self._ended.done() or not self._signalling.answer(self):
             return
         self.answered = True
@@ -290,6 +329,14 @@ class SipLeg(CallLeg):
             for task in (route, rtcp):
                 task.cancel()
             await asyncio.wait([route, rtcp])
+            if not rtcp.cancelled() and rtcp.exception() is not None:
+                log.error("sip call %s: reports failed", self.call_id, exc_info=rtcp.exception())
+
+    def _reject(self, status: int, retry_after_ms: int | None = None) -> None:
+        retry = -(-retry_after_ms // 1000) if retry_after_ms else None
+        self._signalling.reject(self, status, retry)
+        self.rejected = True
+        self.end_reason = "rejected"
 
     async def _start(self) -> None:
         if self.route.answer_after_s > 0:
@@ -317,8 +364,20 @@ class SipLeg(CallLeg):
         await asyncio.Future()  # the application drives the call until it ends
 
     async def _send_reports(self) -> None:
+        """RTCP every few seconds, and the call's two watchdogs: its maximum length
+        (``GATEWAY_SIP_MAX_CALL_S``) and a caller whose RTP stopped without a BYE
+        (``GATEWAY_SIP_RTP_TIMEOUT_S``; not while on hold)."""
         while True:
             await asyncio.sleep(RTCP_INTERVAL_S)
+            now = time.monotonic()
+            if now - self.invited_at > self._max_call_s:
+                self.peer_log.info("longer than %.0f s: hanging up", self._max_call_s)
+                self.end_reason = "max_duration"
+                self.hangup()
+            elif not self._paused and now - self._last_rtp_at > self._rtp_timeout_s:
+                self.peer_log.info("no RTP for %.0f s: hanging up", self._rtp_timeout_s)
+                self.end_reason = "rtp_timeout"
+                self.hangup()
             destination = self._rtcp_remote or self.negotiated.remote_rtcp
             if destination is not None and self._sender.packets_sent:
                 report = self._sender.sender_report(
@@ -340,15 +399,21 @@ class SipLeg(CallLeg):
         try:
             await self.session.aclose(reason)
         finally:
-            if self.answered and not self.remote_ended:
-                self._signalling.bye(self)
-            self._metrics.calls.labels(
-                reason=reason if self.remote_ended else (self.end_reason or "local_bye")
-            ).inc()
-            if self._receiver.received:
-                self._metrics.rtp_lost.inc(max(0, self._receiver.lost))
-                self._metrics.rtp_jitter.observe(self._receiver.jitter_ms / 1000)
-            self.media.close()
-            self._metrics.calls_active.dec()
-            self._state.connections.untrack(self)
-            self._state.metrics.sessions_active.labels(protocol=self.protocol).dec()
+            try:
+                if self.answered and not self.remote_ended:
+                    self._signalling.bye(self)
+                elif not (self.answered or self.rejected or self._ended.done()):
+                    self._signalling.reject(self, 500)  # a bug before the answer
+            finally:
+                self.media.close()
+                self._metrics.calls_active.dec()
+                self._state.connections.untrack(self)
+                self._state.metrics.sessions_active.labels(protocol=self.protocol).dec()
+                self._count_end(reason)
+
+    def _count_end(self, reason: str) -> None:
+        how = reason if self._ended.done() else (self.end_reason or "local_bye")
+        self._metrics.calls.labels(reason=how).inc()
+        if self._receiver.received:
+            self._metrics.rtp_lost.inc(max(0, self._receiver.lost))
+            self._metrics.rtp_jitter.observe(self._receiver.jitter_ms / 1000)

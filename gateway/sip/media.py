@@ -2,19 +2,26 @@
 
 Each call binds an even port for RTP and the odd port above it for RTCP (RFC 3550
 section 11). What arrives is handed to the call's :class:`MediaSink`; the sockets do no
-parsing. A port another process holds is skipped; a range with no free pair left makes
-the call fail with 503 (the caller retries elsewhere).
+parsing. A port another process holds is skipped for now; a range with no bindable pair
+left makes the call fail with 503 (the caller retries elsewhere).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import logging
 from typing import Protocol
 
 log = logging.getLogger(__name__)
 Address = tuple[str, int]
+
+
+def valid_destination(destination: Address) -> bool:
+    """A port asyncio can send to: anything else raises inside ``sendto``, which asyncio
+    treats as fatal and closes the socket (a remote must never be able to do that)."""
+    return 0 < destination[1] < 65_536
 
 
 class MediaSink(Protocol):
@@ -91,10 +98,12 @@ class MediaPorts:
         self._rtcp_socket.sink = sink
 
     def send_rtp(self, data: bytes, destination: Address) -> None:
-        self._rtp.sendto(data, destination)
+        if valid_destination(destination):
+            self._rtp.sendto(data, destination)
 
     def send_rtcp(self, data: bytes, destination: Address) -> None:
-        self._rtcp.sendto(data, destination)
+        if valid_destination(destination):
+            self._rtcp.sendto(data, destination)
 
     def close(self) -> None:
         self._rtp.close()
@@ -102,8 +111,9 @@ class MediaPorts:
 
 
 async def open_media(pool: RtpPortPool, host: str, sink: MediaSink) -> MediaPorts:
-    """Bind an RTP/RTCP pair from ``pool`` for ``sink``; ports another process holds are
-    skipped (and left out of the pool). Raises :class:`PortRangeExhausted`."""
+    """Bind an RTP/RTCP pair from ``pool`` for ``sink``; a pair another process holds is
+    skipped (it goes to the back of the pool). Raises :class:`PortRangeExhausted` when no
+    pair can be bound (every one held, or the process is out of file descriptors)."""
     loop = asyncio.get_running_loop()
     for _ in range(pool.capacity):
         port = pool.acquire()
@@ -118,8 +128,11 @@ async def open_media(pool: RtpPortPool, host: str, sink: MediaSink) -> MediaPort
         except OSError as exc:
             if rtp is not None:
                 rtp.close()
-            log.warning("rtp: port %d or %d unavailable (%s); skipped", port, port + 1, exc)
-            continue  # not released: another process holds it
+            pool.release(port)  # to the back of the queue: tried again later
+            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):  # out of descriptors...
+                raise PortRangeExhausted(f"cannot bind RTP sockets: {exc}") from None
+            log.warning("rtp: port %d or %d held elsewhere; skipped", port, port + 1)
+            continue
         except BaseException:
             if rtp is not None:
                 rtp.close()

@@ -36,7 +36,8 @@ class SipMetrics:
         )
         self.calls = Counter(
             "gateway_sip_calls_total",
-            "SIP calls ended, by how (remote_bye, local_bye, cancelled, rejected, ack_timeout).",
+            "SIP calls ended, by how (remote_bye, local_bye, cancelled, rejected, ack_timeout, "
+            "no_answer, max_duration, rtp_timeout).",
             ["reason"],
             registry=r,
         )
@@ -62,6 +63,10 @@ class SipMetrics:
             ["reason"],
             registry=r,
         )
+        self.rtp_unexpected_source = self.rtp_dropped.labels(reason="unexpected_source")
+        self.rtp_malformed = self.rtp_dropped.labels(reason="malformed")
+        self.rtp_duplicate = self.rtp_dropped.labels(reason="duplicate")
+        self.rtp_unknown_payload = self.rtp_dropped.labels(reason="unknown_payload")
         self.rtp_lost = Counter(
             "gateway_sip_rtp_lost_total",
             "Inbound RTP packets lost (RFC 3550 A.3, counted at the end of each call).",

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.ipc.env import ConfigError
+from telephony.sip import SipError, parse_uri
 
 __all__ = [
     "DEFAULT_ROUTES",
@@ -186,8 +187,14 @@ def _step(name: str, raw: Mapping[str, Any], where: str) -> Step:
     if on and gather is None:
         raise ConfigError(f"SIP routes: {where}: 'on' needs a gather")
     transfer = _text(raw["transfer"], f"{where}.transfer", 256) if "transfer" in raw else None
-    if transfer is not None and not transfer.startswith(("sip:", "sips:", "tel:")):
-        raise ConfigError(f"SIP routes: {where}.transfer must be a sip:, sips: or tel: URI")
+    if transfer is not None:
+        try:
+            if parse_uri(transfer).scheme not in ("sip", "sips", "tel"):
+                raise SipError("bad_scheme", "not a SIP or tel URI")
+        except SipError:
+            raise ConfigError(
+                f"SIP routes: {where}.transfer must be a sip:, sips: or tel: URI"
+            ) from None
     return Step(
         name=name,
         say=_text(raw.get("say", ""), f"{where}.say"),
@@ -217,7 +224,21 @@ def _flow(name: str, raw: Mapping[str, Any]) -> Flow:
     for target, source in targets:
         if target not in steps:
             raise ConfigError(f"SIP routes: {where}.{source} names an unknown step {target!r}")
+    _refuse_silent_loops(where, steps)
     return Flow(name=name, start=start, steps=steps)
+
+
+def _refuse_silent_loops(where: str, steps: Mapping[str, Step]) -> None:
+    """A loop of steps that neither say anything nor gather would spin without end."""
+    silent = {n for n, s in steps.items() if not s.say.strip() and s.gather is None}
+    for first in silent:
+        seen: set[str] = set()
+        name: str | None = first
+        while name is not None and name in silent and name not in seen:
+            seen.add(name)
+            name = steps[name].next
+        if name is not None and name in seen:
+            raise ConfigError(f"SIP routes: {where}: steps {sorted(seen)} loop without a word")
 
 
 def parse_routes(text: str) -> Routes:

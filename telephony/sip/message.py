@@ -591,7 +591,10 @@ class Via:
     def rport(self) -> int | None:
         """The value of ``rport`` (RFC 3581) when it has one."""
         value = _find_param(self.params, "rport")[1]
-        return int(value) if value is not None and value.isdigit() else None
+        if value is None or not (value.isascii() and value.isdigit()) or len(value) > 5:
+            return None
+        port = int(value)
+        return port if 0 < port <= 65_535 else None
 
     @property
     def rport_requested(self) -> bool:

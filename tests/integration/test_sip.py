@@ -500,6 +500,11 @@ async def test_options_malformed_and_unsupported_requests(gateway: GatewayProces
     )
     assert re.match(rb"SIP/2.0 (405|501)", await udp_exchange(target, request("SUBSCRIBE")))
     assert (await udp_exchange(target, request("BYE"))).startswith(b"SIP/2.0 481")
+    # A Via asking for an impossible port must not take the socket down with it.
+    for rport in (b"99999", "²".encode()):
+        hostile = request("OPTIONS").replace(b";rport", b";rport=" + rport)
+        await udp_exchange(target, hostile)
+    assert (await udp_exchange(target, request("OPTIONS"))).startswith(b"SIP/2.0 200")
 
 
 async def test_an_untrusted_source_gets_403_and_nothing_is_kept(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any, cast
 import pytest
 
 from gateway.calls import Call
+from gateway.errors import ErrorCode, SessionError
 from gateway.events import Cleared, Dtmf, UtteranceDone
 from gateway.sip.flow import FlowRunner
 from gateway.sip.routes import DEFAULT_ROUTES, Flow, parse_routes
@@ -20,8 +21,11 @@ class FakeSession:
     def __init__(self) -> None:
         self.spoken: list[tuple[str, str]] = []
         self.clears = 0
+        self.refuse: SessionError | None = None
 
     def speak(self, text: str) -> str:
+        if self.refuse is not None:
+            raise self.refuse
         uid = f"u{len(self.spoken) + 1}"
         self.spoken.append((uid, text))
         return uid
@@ -157,3 +161,31 @@ hangup = true
     assert host.transfers == ["sip:agent@pbx.example"]
     assert runner.visited == ["ask", "agent", "sorry"]
     assert host.hung_up == 1
+
+
+async def test_a_refused_prompt_hangs_up_instead_of_spinning() -> None:
+    _call, session, host, runner = make(demo_flow())
+    session.refuse = SessionError(ErrorCode.OVERLOADED, "busy")
+    await asyncio.wait_for(runner.run(), 1)
+    assert host.hung_up == 1
+    assert runner.visited == ["greet"]
+
+
+async def test_an_endless_announcement_ends_after_the_step_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("gateway.sip.flow.MAX_STEPS_PER_CALL", 5)
+    flow = (
+        parse_routes(
+            "[routes.x]\nflow = 'f'\n[flows.f.steps.a]\nsay = 'Please hold.'\nnext = 'a'\n"
+        )
+        .routes["x"]
+        .flow
+    )
+    assert flow is not None
+    call, session, host, runner = make(flow)
+    task = asyncio.ensure_future(runner.run())
+    for count in range(1, 6):
+        await played(call, session, count)
+    await asyncio.wait_for(task, 1)
+    assert len(runner.visited) == 5 and host.hung_up == 1

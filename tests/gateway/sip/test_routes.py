@@ -57,6 +57,11 @@ say = "Hi"
         ("[routes.x]\nflow = 'f'\n" + FLOW.replace('"Hi"', "1"), "say"),
         ("[routes.x]\nflow = 'f'\nanswer_after_s = 99\n" + FLOW, "answer_after_s"),
         ("not toml [", "not TOML"),
+        (
+            "[routes.x]\nflow = 'f'\n[flows.f.steps.a]\nnext = 'b'\n"
+            "[flows.f.steps.b]\nnext = 'a'\n",
+            "loop without a word",
+        ),
     ],
 )
 def test_mistakes_are_configuration_errors(text: str, message: str) -> None:

@@ -776,3 +776,9 @@ def test_via_dataclass_defaults() -> None:
     assert str(Via("UDP", "192.0.2.1", 5060, (("branch", "z9hG4bKx"),))) == (
         "SIP/2.0/UDP 192.0.2.1:5060;branch=z9hG4bKx"
     )
+
+
+@pytest.mark.parametrize("value", ["99999", "0", "\u00b2", "123456", "-1"])
+def test_an_impossible_rport_is_no_port(value: str) -> None:
+    via = parse_via(f"SIP/2.0/UDP 192.0.2.1:5060;branch=z9hG4bKx;rport={value}")
+    assert via.rport is None
