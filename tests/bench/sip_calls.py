@@ -113,7 +113,7 @@ def render(body: dict[str, Any]) -> str:
         "|---|---:|---:|---|---:|---|---|---|---:|---|",
     ]
     for r in body["rows"]:
-        lost = "-" if r["lost"] is None else f"{r['lost']} / {r['packets']}"
+        lost = "-" if not r["packets"] else f"{r['lost']} / {r['packets']}"  # RTP legs only
         jitter = "-" if r["jitter_p99_ms"] is None else r["jitter_p99_ms"]
         lines.append(
             f"| {r['protocol']} | {r['sessions']} | {r['ready']} | {r['interval_p99_ms']} / "
