@@ -22,7 +22,7 @@ from gateway.engine_supervisor import EngineSupervisor
 from gateway.errors import CloseCode, ErrorCode, SessionError
 from gateway.metrics import GatewayMetrics
 from gateway.pacer import Pacer
-from gateway.session import SessionLimits
+from gateway.session import Peer, Session, SessionLimits
 from gateway.tenant_limits import TenantLimits
 from gateway.voices.registry import VOICE_ID_PREFIX, VoiceError, VoiceRegistry
 from gateway.voices.store import VoiceStore
@@ -93,6 +93,19 @@ class GatewayState:
         except AuthError as exc:
             self.metrics.auth_failures.labels(code=exc.code).inc()
             raise
+
+    def new_session(self, peer: Peer, protocol: str) -> Session:
+        """A session of this worker for ``peer`` (every protocol's connection or leg)."""
+        return Session(
+            peer=peer,
+            engine=self.engine.client,
+            pacer=self.pacer,
+            metrics=self.metrics,
+            limits=self.session_limits(),
+            protocol=protocol,
+            gate=self.gate,
+            leases=self.limits,
+        )
 
     def session_limits(self) -> SessionLimits:
         limits = self.settings.limits

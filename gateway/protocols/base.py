@@ -35,7 +35,6 @@ from gateway.auth import AuthError, Principal
 from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError
 from gateway.events import SessionEvent
 from gateway.peer_log import PeerLog
-from gateway.session import Session
 from gateway.state import STATE_KEY, GatewayState
 from gateway.wsframe import FrameWriter
 
@@ -64,16 +63,7 @@ class Connection(abc.ABC):
         self._writer = writer
         self._state = state
         self.principal: Principal | None = None
-        self.session = Session(
-            peer=self,
-            engine=state.engine.client,
-            pacer=state.pacer,
-            metrics=state.metrics,
-            limits=state.session_limits(),
-            protocol=self.protocol,
-            gate=state.gate,
-            leases=state.limits,
-        )
+        self.session = state.new_session(self, self.protocol)
         self.peer_log = PeerLog(log, f"{self.protocol} {self.session.id}")
         self._violations = 0
         self._expiry: asyncio.TimerHandle | None = None

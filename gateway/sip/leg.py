@@ -35,7 +35,6 @@ from gateway.call_leg import CallLeg
 from gateway.errors import ErrorCode, SessionError
 from gateway.events import MarkReached
 from gateway.peer_log import PeerLog
-from gateway.session import Session
 from gateway.sip.flow import FlowRunner
 from gateway.sip.media import Address, MediaPorts
 from gateway.sip.metrics import SipMetrics
@@ -131,16 +130,7 @@ class SipLeg(CallLeg):
         self._max_call_s = max_call_s
         self._rtp_timeout_s = rtp_timeout_s
         self._last_rtp_at = invited_at
-        self.session = Session(
-            peer=self,
-            engine=state.engine.client,
-            pacer=state.pacer,
-            metrics=state.metrics,
-            limits=state.session_limits(),
-            protocol=self.protocol,
-            gate=state.gate,
-            leases=state.limits,
-        )
+        self.session = state.new_session(self, self.protocol)
         self.session.tenant = tenant
         self.peer_log = PeerLog(log, f"sip {call_id[:64]}")
         rng = random.SystemRandom()

@@ -22,19 +22,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tests.bench import report
 from tests.bench.loadgen import LoadOptions, default_out_dir, run_level, stop_on_signals
 from tests.bench.neural_capacity import run_all
 from tests.bench.procstat import machine_info, source_revision
 from tests.bench.targets import GatewayTarget
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+MARKERS = ("<!-- neural:begin -->", "<!-- neural:end -->")
 VOICE = "en-us-joe"
 P95_MS, P99_MS = 300.0, 500.0
 
@@ -153,17 +154,6 @@ def render(body: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_docs(text: str, docs: Path = DOCS) -> None:
-    begin, end = "<!-- neural:begin -->", "<!-- neural:end -->"
-    current = docs.read_text()
-    block = f"{begin}\n{text}{end}"
-    if begin in current:
-        current = re.sub(re.escape(begin) + ".*?" + re.escape(end), block, current, flags=re.S)
-    else:
-        current += f"\n## Neural voice (Piper, `{VOICE}`)\n\n{block}\n"
-    docs.write_text(current)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--levels", type=int, nargs="+", default=[10, 20, 30, 40, 50])
@@ -213,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(body)
     print(text)
     if not args.no_docs:
-        write_docs(text)
+        report.update_doc(DOCS, MARKERS, text.rstrip("\n"))
     return 0
 
 

@@ -21,18 +21,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tests.bench import report
 from tests.bench.loadgen import LoadOptions, default_out_dir, run_level, stop_on_signals
 from tests.bench.procstat import machine_info, source_revision
 from tests.bench.targets import GatewayTarget
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+MARKERS = ("<!-- sip:begin -->", "<!-- sip:end -->")
 INTERVAL_P99_MS, JITTER_P99_MS = 30.0, 20.0
 
 
@@ -131,17 +132,6 @@ def render(body: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_docs(text: str, docs: Path = DOCS) -> None:
-    begin, end = "<!-- sip:begin -->", "<!-- sip:end -->"
-    current = docs.read_text()
-    block = f"{begin}\n{text}{end}"
-    if begin in current:
-        current = re.sub(re.escape(begin) + ".*?" + re.escape(end), block, current, flags=re.S)
-    else:
-        current += f"\n## SIP calls against Twilio legs\n\n{block}\n"
-    docs.write_text(current)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--levels", type=int, nargs="+", default=[100, 200])
@@ -184,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(body)
     print(text)
     if not args.no_docs:
-        write_docs(text)
+        report.update_doc(DOCS, MARKERS, text.rstrip("\n"))
     return 0
 
 
