@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from tests.bench import report
 from tests.bench.loadgen import LoadOptions, default_out_dir, run_level, stop_on_signals
 from tests.bench.neural_capacity import run_all
-from tests.bench.procstat import machine_info, source_revision
 from tests.bench.targets import GatewayTarget
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
@@ -168,14 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals()
     out = args.out or default_out_dir()
     work = out / "work"
-    body: dict[str, Any] = {
-        "command": " ".join(
-            ["python -m tests.bench.neural", *(sys.argv[1:] if argv is None else argv)]
-        ),
-        "machine": ", ".join(f"{k} {v}" for k, v in machine_info().items()),
-        "revision": source_revision(str(DOCS.parents[1])),
-        "started": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
+    body: dict[str, Any] = report.provenance("tests.bench.neural", argv)
     if not args.skip_offline:
         body["offline"] = run_all([1, 2, 4, 8, 16], [1, 2], args.offline_seconds)
     opts = LoadOptions(duration_s=args.duration, voices=(VOICE,), ramp_per_s=50.0)

@@ -9,9 +9,12 @@ no ``/metrics`` and no engine process).
 from __future__ import annotations
 
 import re
+import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tests.bench.procstat import machine_info, source_revision
 from tests.bench.stats import ratio
 
 MATRIX_MARKERS = ("<!-- bench:matrix:begin -->", "<!-- bench:matrix:end -->")
@@ -270,3 +273,15 @@ def replace_section(text: str, markers: tuple[str, str], content: str) -> str:
 def update_doc(path: Path, markers: tuple[str, str], content: str) -> None:
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     path.write_text(replace_section(text, markers, content))
+
+
+def provenance(module: str, argv: list[str] | None) -> dict[str, Any]:
+    """What a benchmark's docs block opens with: the command as run, the machine, the
+    source revision and the start time."""
+    args = sys.argv[1:] if argv is None else argv
+    return {
+        "command": " ".join([f"python -m {module}", *args]),
+        "machine": ", ".join(f"{k} {v}" for k, v in machine_info().items()),
+        "revision": source_revision(str(Path(__file__).resolve().parents[2])),
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+    }

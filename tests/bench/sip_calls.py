@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from tests.bench import report
 from tests.bench.loadgen import LoadOptions, default_out_dir, run_level, stop_on_signals
-from tests.bench.procstat import machine_info, source_revision
 from tests.bench.targets import GatewayTarget
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
@@ -143,16 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals()
     out = args.out or default_out_dir()
     work = out / "work"
-    body: dict[str, Any] = {
-        "command": " ".join(
-            ["python -m tests.bench.sip_calls", *(sys.argv[1:] if argv is None else argv)]
-        ),
-        "machine": ", ".join(f"{k} {v}" for k, v in machine_info().items()),
-        "revision": source_revision(str(DOCS.parents[1])),
-        "started": datetime.now(UTC).isoformat(timespec="seconds"),
-        "rows": [],
-        "ratios": [],
-    }
+    body: dict[str, Any] = report.provenance("tests.bench.sip_calls", argv)
+    body["rows"], body["ratios"] = [], []
     opts = LoadOptions(duration_s=args.duration, voices=("en-us",), caller_audio=True)
     for sessions in args.levels:
         sip = run("sip", sessions, opts, work)
