@@ -1,8 +1,10 @@
 """The SIP bridge of one gateway worker: a UDP socket, the sans-I/O SIP core
 (``telephony/sip``) and the calls it carries.
 
-Every datagram is checked against the trusted networks first (``GATEWAY_SIP_ALLOW``): an
-untrusted source gets a stateless 403 and nothing is kept. Then the core parses it,
+Every datagram is checked against the trusted networks first (``GATEWAY_SIP_ALLOW``).
+From anywhere else, only a trunk that answers a digest challenge gets in
+(:mod:`gateway.sip.trunks`: a stateless 401 first, its calls billed to the trunk's
+tenant); everything else gets a stateless 403 and nothing is kept. Then the core parses it,
 runs its transactions and dialogs, and reports events; this module turns them into call
 legs (:class:`gateway.sip.leg.SipLeg`) and back into SIP: answers, rejections, BYE,
 REFER. Limits before anything is allocated for a new call: the INVITE rate
@@ -26,6 +28,8 @@ from gateway.sip.leg import SipLeg
 from gateway.sip.media import PortRangeExhausted, RtpPortPool, open_media, valid_destination
 from gateway.sip.metrics import SipMetrics
 from gateway.sip.routes import Route, Routes
+from gateway.sip.trunks import TrunkGate, Verdict
+from gateway.sip.webhook import WebhookClient
 from gateway.state import GatewayState
 from telephony.sdp import (
     Negotiated,
@@ -78,8 +82,15 @@ class SipBridge(asyncio.DatagramProtocol):
         self.settings = settings
         self._routes = routes
         self.metrics = SipMetrics(state.metrics.registry)
+        self._webhooks = WebhookClient(self.metrics)
         self._ports = RtpPortPool(*settings.rtp_ports)
         self._rate = _RateLimit(settings.invites_per_s)
+        self._trunks = TrunkGate(
+            routes.trunks,
+            realm=routes.realm,
+            max_calls=2 * settings.max_calls,
+            algorithms=routes.digest_algorithms,
+        )
         self._transport: asyncio.DatagramTransport | None = None
         self._core: SipUas | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -124,6 +135,7 @@ class SipBridge(asyncio.DatagramProtocol):
             self._timer.cancel()
         if self._transport is not None:
             self._transport.close()
+        await self._webhooks.close()
 
     @property
     def calls(self) -> int:
@@ -136,13 +148,7 @@ class SipBridge(asyncio.DatagramProtocol):
         if core is None:
             return
         source = (str(addr[0]), int(addr[1]))
-        if tenant_for(self.settings.allow, source[0]) is None:
-            self.metrics.refused.labels(reason="untrusted").inc()
-            try:
-                core.refuse(data, source, 403, "Forbidden")
-            except Exception:
-                log.exception("sip: the core failed refusing a datagram")
-            self._send_queued()
+        if tenant_for(self.settings.allow, source[0]) is None and not self._admit(data, source):
             return
         try:
             events = core.receive(data, source, time.monotonic())
@@ -150,6 +156,25 @@ class SipBridge(asyncio.DatagramProtocol):
             log.exception("sip: the core failed on a datagram from %s", source[0])
             return
         self._handle(events)
+
+    def _admit(self, data: bytes, source: tuple[str, int]) -> bool:
+        """A datagram from outside the trusted networks: in when it is a trunk's call,
+        else answered statelessly (401 challenge, 403, 400, 503) and forgotten."""
+        core = self._require_core()
+        admission = self._trunks.admit(data, source[0], now=time.monotonic(), wall=time.time())
+        if admission.verdict is Verdict.ACCEPT:
+            return True
+        self.metrics.refused.labels(reason=admission.reason).inc()
+        status = _ADMISSION_STATUS[admission.verdict]
+        headers = list(admission.headers)
+        if status == 503:
+            headers.append(("Retry-After", str(self.settings.retry_after_s)))
+        try:
+            core.refuse(data, source, status, _reason(status), headers)
+        except Exception:
+            log.exception("sip: the core failed refusing a datagram")
+        self._send_queued()
+        return False
 
     def error_received(self, exc: Exception) -> None:
         log.debug("sip: socket error %r", exc)
@@ -193,9 +218,11 @@ class SipBridge(asyncio.DatagramProtocol):
     def _incoming(self, event: IncomingCall) -> None:
         core = self._require_core()
         now = time.monotonic()
-        tenant = tenant_for(self.settings.allow, event.source[0])
+        tenant = tenant_for(self.settings.allow, event.source[0]) or self._trunks.tenant(
+            event.call_id, event.source[0]
+        )
         retry = [("Retry-After", str(self.settings.retry_after_s))]
-        if tenant is None:  # cannot happen: untrusted sources are refused before the core
+        if tenant is None:  # cannot happen: others are refused before the core
             core.reject(event.dialog, 403, "Forbidden")
             return
         if self._state.connections.draining or self._stopping:
@@ -268,12 +295,17 @@ class SipBridge(asyncio.DatagramProtocol):
             signalling_host=event.source[0],
             max_call_s=self.settings.max_call_s,
             rtp_timeout_s=self.settings.rtp_timeout_s,
+            caller=str(event.from_.uri)[:256],
+            called=(event.request_uri.user or "")[:128],
+            webhooks=self._webhooks,
         )
         media.attach(leg)
         self._legs[event.dialog] = leg
+        self._trunks.call_started(event.call_id)
         try:
             await leg.run()
         finally:
+            self._trunks.call_ended(event.call_id, time.monotonic())
             self._legs.pop(event.dialog, None)
             self._ports.release(media.port)
             self._flush()
@@ -415,6 +447,14 @@ class SipBridge(asyncio.DatagramProtocol):
             log.exception("sip: the core failed on a timer")
             events = []
         self._handle(events)
+
+
+_ADMISSION_STATUS = {
+    Verdict.CHALLENGE: 401,
+    Verdict.FORBID: 403,
+    Verdict.BAD_REQUEST: 400,
+    Verdict.BUSY: 503,
+}
 
 
 def _reason(status: int) -> str:

@@ -39,6 +39,7 @@ from gateway.sip.flow import FlowRunner
 from gateway.sip.media import Address, MediaPorts
 from gateway.sip.metrics import SipMetrics
 from gateway.sip.routes import Route
+from gateway.sip.webhook import WebhookClient, WebhookRunner
 from gateway.state import GatewayState
 from telephony.rtp import (
     DtmfReceiver,
@@ -112,6 +113,9 @@ class SipLeg(CallLeg):
         signalling_host: str,
         max_call_s: float,
         rtp_timeout_s: float,
+        caller: str = "",
+        called: str = "",
+        webhooks: WebhookClient | None = None,
     ) -> None:
         self._state = state
         self._signalling = signalling
@@ -130,6 +134,9 @@ class SipLeg(CallLeg):
         self._max_call_s = max_call_s
         self._rtp_timeout_s = rtp_timeout_s
         self._last_rtp_at = invited_at
+        self.caller = caller  # the From URI
+        self.called = called  # the Request-URI user
+        self._webhooks = webhooks
         self.session = state.new_session(self, self.protocol)
         self.session.tenant = tenant
         self.peer_log = PeerLog(log, f"sip {call_id[:64]}")
@@ -332,7 +339,9 @@ class SipLeg(CallLeg):
         if self.route.answer_after_s > 0:
             self._signalling.ring(self)
             await asyncio.sleep(self.route.answer_after_s)
-        parameters = {"voice": self.route.voice} if self.route.voice else {}
+        parameters = {"from": self.caller, "to": self.called}
+        if self.route.voice:
+            parameters["voice"] = self.route.voice
         await self.start_call(
             call_id=self.call_id,
             tenant=self.tenant,
@@ -345,6 +354,9 @@ class SipLeg(CallLeg):
         assert call is not None
         if self.route.flow is not None:
             await FlowRunner(call, self.route.flow, self).run()
+            return
+        if self.route.webhook is not None and self._webhooks is not None:
+            await WebhookRunner(call, self.route, self, self._webhooks).run()
             return
         # An IVR application attaches with start.call = the Call-ID; none in time: hang up.
         await asyncio.sleep(self.route.attach_timeout_s)
@@ -382,6 +394,8 @@ class SipLeg(CallLeg):
         reason = self._ended.result() if self._ended.done() else self.end_reason or "hangup"
         if self.session.done.done() and not self._ended.done():
             reason = self.session.done.result()[1]
+        # how the call ended, decided now: our own BYE below ends the dialog too
+        how = reason if self._ended.done() else (self.end_reason or "local_bye")
         try:
             self.release_call(reason)
         except Exception:
@@ -399,10 +413,9 @@ class SipLeg(CallLeg):
                 self._metrics.calls_active.dec()
                 self._state.connections.untrack(self)
                 self._state.metrics.sessions_active.labels(protocol=self.protocol).dec()
-                self._count_end(reason)
+                self._count_end(how)
 
-    def _count_end(self, reason: str) -> None:
-        how = reason if self._ended.done() else (self.end_reason or "local_bye")
+    def _count_end(self, how: str) -> None:
         self._metrics.calls.labels(reason=how).inc()
         if self._receiver.received:
             self._metrics.rtp_lost.inc(max(0, self._receiver.lost))

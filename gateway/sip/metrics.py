@@ -26,8 +26,9 @@ class SipMetrics:
         self.refused = Counter(
             "gateway_sip_refused_total",
             "SIP requests refused before any call state was kept, by reason (untrusted: "
-            "source outside GATEWAY_SIP_ALLOW; rate: GATEWAY_SIP_INVITES_PER_S; per_source: "
-            "GATEWAY_SIP_MAX_CALLS_PER_SOURCE).",
+            "source outside GATEWAY_SIP_ALLOW and not a trunk; challenged: 401 to a trunk; "
+            "bad_credentials: a trunk's digest failed; trunk_calls: too many trunk calls; "
+            "rate: GATEWAY_SIP_INVITES_PER_S; per_source: GATEWAY_SIP_MAX_CALLS_PER_SOURCE).",
             ["reason"],
             registry=r,
         )
@@ -79,3 +80,16 @@ class SipMetrics:
             registry=r,
         )
         self.dtmf = Counter("gateway_sip_dtmf_total", "RFC 4733 DTMF digits received.", registry=r)
+        self.webhook_requests = Counter(
+            "gateway_sip_webhook_requests_total",
+            "Requests to route webhooks, by outcome (ok, timeout, connection, http_error, "
+            "too_large, invalid).",
+            ["outcome"],
+            registry=r,
+        )
+        self.webhook_seconds = Histogram(
+            "gateway_sip_webhook_seconds",
+            "Webhook request to its answer (or failure).",
+            buckets=SETUP_BUCKETS,
+            registry=r,
+        )

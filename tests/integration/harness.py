@@ -287,3 +287,16 @@ async def metric(gw: GatewayProcess, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += sample.value
     return total
+
+
+async def metric_reaches(
+    gw: GatewayProcess, name: str, value: float, timeout: float = 5.0, **labels: str
+) -> float:
+    """The metric once it is at least ``value`` (what a teardown that runs after the far
+    end saw its answer updates), or its last reading after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = await metric(gw, name, **labels)
+        if current >= value or time.monotonic() > deadline:
+            return current
+        await asyncio.sleep(0.05)

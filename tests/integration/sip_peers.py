@@ -16,6 +16,7 @@ import random
 import shutil
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -345,6 +346,7 @@ async def run_sipp(
     rate: float | None = None,
     media_port: int | None = None,
     call_id: str | None = None,
+    extra_args: Sequence[str] = (),
 ) -> SippResult:
     """Run one sipp UAC scenario against ``target``; sipp exits 0 when every call passed."""
     scenario_path = tmp / f"scenario-{random.getrandbits(32):08x}.xml"
@@ -378,6 +380,7 @@ async def run_sipp(
         args += ["-mi", "127.0.0.1", "-mp", str(media_port)]
     if rate is not None:
         args += ["-r", str(rate), "-l", str(calls)]
+    args += extra_args
     proc = await asyncio.create_subprocess_exec(
         *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=tmp
     )

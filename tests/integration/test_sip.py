@@ -10,19 +10,31 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import re
+import signal
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
+from aiohttp import web
 
 from gateway.sip.routes import DEFAULT_ROUTES
+from gateway.sip.webhook import signature
 from tests.integration import caller_audio
 from tests.integration.conftest import Connect
-from tests.integration.harness import GatewayProcess, free_udp_port, metric
+from tests.integration.harness import (
+    GatewayProcess,
+    free_port,
+    free_udp_port,
+    metric,
+    metric_reaches,
+)
 from tests.integration.sip_peers import (
     OK_TO_REQUEST,
     RtpPeer,
@@ -59,21 +71,35 @@ flow = "transfer"
 [flows.transfer.steps.hand-over]
 say = "Transferring you now."
 transfer = "sip:agent@127.0.0.1"
+
+[routes.hotline]
+webhook = "http://127.0.0.1:{webhook_port}/sip"
+webhook_secret_env = "HOTLINE_WEBHOOK_SECRET"
 """
+WEBHOOK_SECRET = "hotline-secret"
 DTMF_PCAP = "/usr/share/sip-tester/dtmf_2833_1.pcap"
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def webhook_port() -> int:
+    """Where the ``hotline`` route's webhook listens (the test starts it)."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    tmp_path_factory: pytest.TempPathFactory, webhook_port: int
+) -> Iterator[GatewayProcess]:
     tmp = tmp_path_factory.mktemp("sip-gateway")
     routes = tmp / "routes.toml"
-    routes.write_text(DEFAULT_ROUTES + EXTRA_ROUTES)
+    routes.write_text(DEFAULT_ROUTES + EXTRA_ROUTES.format(webhook_port=webhook_port))
     low = 40000 + (free_udp_port() % 200) * 100
     gw = GatewayProcess(
         tmp / "gateway.log",
         GATEWAY_SIP_LISTEN=f"127.0.0.1:{free_udp_port()}",
         GATEWAY_SIP_RTP_PORTS=f"{low}-{low + 99}",
         GATEWAY_SIP_ROUTES=str(routes),
+        HOTLINE_WEBHOOK_SECRET=WEBHOOK_SECRET,
     )
     gw.start()
     yield gw
@@ -181,6 +207,60 @@ async def test_sipp_rfc4733_digits_reach_the_flow(gateway: GatewayProcess, tmp_p
     assert result.returncode == 0, result.output
     assert f"call {cid}: flow demo step confirm" in gateway.log_text()
     assert await metric(gateway, "gateway_sip_dtmf_total") >= 1
+
+
+# --------------------------------------------------------------------------- a webhook
+
+
+async def test_a_webhook_route_is_told_the_call_and_its_digits_and_hangs_up(
+    gateway: GatewayProcess, webhook_port: int, tmp_path: Path
+) -> None:
+    posted: list[tuple[dict[str, Any], str]] = []
+
+    async def hotline(request: web.Request) -> web.Response:
+        body = await request.read()
+        stamp = request.headers["X-Gateway-Timestamp"]
+        valid = request.headers["X-Gateway-Signature"] == signature(
+            WEBHOOK_SECRET.encode(), stamp, body
+        )
+        doc = json.loads(body)
+        posted.append((doc, "signed" if valid else "forged"))
+        if doc["event"] == "call_started":
+            return web.json_response(
+                {"actions": [{"say": "Press a key.", "gather": {"digits": 1, "timeout_s": 20}}]}
+            )
+        return web.json_response({"actions": [{"say": "You pressed {digits}."}, {"hangup": True}]})
+
+    app = web.Application()
+    app.router.add_post("/sip", hotline)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", webhook_port).start()
+    media = free_udp_port() & ~1
+    cid = call_id()
+    xml = scenario(
+        "webhook",
+        invite("hotline", offer_sdp(media, ("PCMU",))),
+        recv(100, optional=True),
+        recv(200, rrs=True),
+        ack("hotline"),
+        pause(1500),
+        play_pcap(DTMF_PCAP),
+        recv(request="BYE", timeout_ms=30000),
+        OK_TO_REQUEST,
+    )
+    try:
+        result = await run_sipp(xml, sip_target(gateway), tmp_path, media_port=media, call_id=cid)
+    finally:
+        await runner.cleanup()
+    assert result.returncode == 0, result.output
+    (started, how), (gathered, how_2) = posted
+    assert how == how_2 == "signed"
+    assert started["event"] == "call_started" and started["call_id"] == cid
+    assert started["to"] == "hotline" and started["from"].startswith("sip:sipp@")
+    assert started["tenant"] == "sip"
+    assert gathered["event"] == "gathered" and gathered["digits"] == "1"
+    assert await metric(gateway, "gateway_sip_webhook_requests_total", outcome="ok") >= 2
 
 
 # --------------------------------------------------------------------------- the application
@@ -528,5 +608,165 @@ async def test_an_untrusted_source_gets_403_and_nothing_is_kept(tmp_path: Path) 
         assert answer.startswith(b"SIP/2.0 403")
         assert await metric(gw, "gateway_sip_refused_total", reason="untrusted") == 1
         assert await metric(gw, "gateway_sip_calls_active") == 0
+    finally:
+        gw.stop()
+
+
+# --------------------------------------------------------------------------- watchdogs, drain
+
+WATCHDOG_ROUTES = """
+[routes.hold]
+flow = "hold"
+
+[flows.hold.steps.music]
+say = "Please hold."
+next = "music"
+
+[routes.ring]
+application = true
+answer_after_s = 8
+"""
+
+
+async def test_a_silent_caller_and_an_endless_call_are_hung_up_and_the_drain_refuses_ringing(
+    tmp_path: Path,
+) -> None:
+    routes = tmp_path / "routes.toml"
+    routes.write_text(WATCHDOG_ROUTES)
+    gw = GatewayProcess(
+        tmp_path / "gateway.log",
+        GATEWAY_SIP_LISTEN=f"127.0.0.1:{free_udp_port()}",
+        GATEWAY_SIP_ROUTES=str(routes),
+        GATEWAY_SIP_MAX_CALL_S="10",
+        GATEWAY_SIP_RTP_TIMEOUT_S="5",
+        ENGINE_VAD="0",
+    )
+    gw.start()
+    talking, silent = await RtpPeer.open(), await RtpPeer.open()
+    try:
+
+        def held(peer: RtpPeer, seconds: int) -> str:
+            return scenario(
+                "held",
+                invite("hold", offer_sdp(peer.port, ("PCMU",))),
+                recv(100, optional=True),
+                recv(200, rrs=True),
+                ack("hold"),
+                recv(request="BYE", timeout_ms=seconds * 1000),
+                OK_TO_REQUEST,
+            )
+
+        started = time.monotonic()
+        calls = [
+            asyncio.ensure_future(run_sipp(held(talking, 20), sip_target(gw), tmp_path)),
+            asyncio.ensure_future(run_sipp(held(silent, 20), sip_target(gw), tmp_path)),
+        ]
+        await talking.wait_packets(1)  # where the gateway sends from: answer from there
+        sending = asyncio.ensure_future(talking.send_audio(caller_audio.silence(20)))
+        silent_result = await calls[1]
+        silent_after = time.monotonic() - started
+        talking_result = await calls[0]
+        talking_after = time.monotonic() - started
+        sending.cancel()
+        assert silent_result.returncode == 0, silent_result.output
+        assert talking_result.returncode == 0, talking_result.output
+        # No RTP for GATEWAY_SIP_RTP_TIMEOUT_S (checked every 5 s): BYE after 5 to 10 s;
+        # RTP all along, but longer than GATEWAY_SIP_MAX_CALL_S: BYE after 10 to 15 s.
+        assert 5 <= silent_after <= 11.5, silent_after
+        assert 10 <= talking_after <= 16.5, talking_after
+        assert await metric(gw, "gateway_sip_calls_total", reason="rtp_timeout") == 1
+        assert await metric(gw, "gateway_sip_calls_total", reason="max_duration") == 1
+
+        # A call still ringing when the worker drains is refused with 503 and Retry-After:
+        # the PBX tries another instance.
+        refused = scenario(
+            "drained",
+            invite("ring", offer_sdp(silent.port, ("PCMU",))),
+            recv(100, optional=True),
+            recv(180),
+            recv(503),
+            ack("ring"),
+        )
+        ringing = asyncio.ensure_future(run_sipp(refused, sip_target(gw), tmp_path))
+        await asyncio.sleep(1.5)  # ringing: the 180 went out at once, the answer is 8 s away
+        assert gw.proc is not None
+        gw.proc.send_signal(signal.SIGTERM)
+        result = await ringing
+        assert result.returncode == 0, result.output
+    finally:
+        talking.close()
+        silent.close()
+        gw.stop()
+
+
+# --------------------------------------------------------------------------- trunks (digest)
+
+TRUNK_ROUTES = """
+[trunks.carrier]
+username = "acme"
+password_env = "ACME_TRUNK_PASSWORD"
+tenant = "acme"
+"""
+
+
+def authenticated_call(user: str, media_port: int, *, accepted: bool) -> str:
+    """INVITE, 401, ACK, INVITE with credentials (sipp's [authentication]), then 200 and
+    a BYE from the caller, or 403 and its ACK."""
+    auth = invite(user, offer_sdp(media_port, ("PCMU",))).replace(
+        "CSeq: 1 INVITE", "CSeq: 2 INVITE\\n      [authentication]".replace("\\n", "\n")
+    )
+    ack_401 = ack(user).replace("[peer_tag_param]", "")
+    steps = [
+        invite(user, offer_sdp(media_port, ("PCMU",))),
+        recv(100, optional=True),
+        '  <recv response="401" auth="true"/>\n',
+        ack_401,
+        auth,
+        recv(100, optional=True),
+    ]
+    if accepted:
+        steps += [recv(200, rrs=True), ack(user, 2), pause(1000), in_dialog("BYE", user, 3)]
+        steps += [recv(200)]
+    else:
+        steps += [recv(403), ack(user, 2)]
+    return scenario("trunk", *steps)
+
+
+async def test_a_trunk_outside_the_allowed_networks_gets_in_by_digest_and_only_with_it(
+    tmp_path: Path,
+) -> None:
+    routes = tmp_path / "routes.toml"
+    routes.write_text(DEFAULT_ROUTES + TRUNK_ROUTES)
+    gw = GatewayProcess(
+        tmp_path / "gateway.log",
+        GATEWAY_SIP_LISTEN=f"127.0.0.1:{free_udp_port()}",
+        GATEWAY_SIP_ALLOW="10.0.0.0/8=carrier",  # the loopback is not trusted here
+        GATEWAY_SIP_ROUTES=str(routes),
+        ACME_TRUNK_PASSWORD="correct horse",
+        ENGINE_VAD="0",
+    )
+    gw.start()
+    try:
+        media = free_udp_port() & ~1
+        good = await run_sipp(
+            authenticated_call("ivr", media, accepted=True),
+            sip_target(gw),
+            tmp_path,
+            extra_args=["-au", "acme", "-ap", "correct horse"],
+        )
+        assert good.returncode == 0, good.output
+        assert await metric_reaches(gw, "gateway_sip_calls_total", 1, reason="remote_bye") == 1
+        assert re.search(r"sip call \S+ started", gw.log_text())
+        bad = await run_sipp(
+            authenticated_call("ivr", media, accepted=False),
+            sip_target(gw),
+            tmp_path,
+            extra_args=["-au", "acme", "-ap", "battery staple"],
+        )
+        assert bad.returncode == 0, bad.output
+        assert await metric(gw, "gateway_sip_refused_total", reason="challenged") == 2
+        assert await metric(gw, "gateway_sip_refused_total", reason="bad_credentials") == 1
+        assert await metric(gw, "gateway_sip_calls_total", reason="remote_bye") == 1
+        assert len(re.findall(r"sip call \S+ started", gw.log_text())) == 1
     finally:
         gw.stop()

@@ -6,46 +6,15 @@ is spoken and lets the test play the events a real session would publish."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
 
 import pytest
 
 from gateway.calls import Call
 from gateway.errors import ErrorCode, SessionError
-from gateway.events import Cleared, Dtmf, UtteranceDone
+from gateway.events import Cleared, Dtmf
 from gateway.sip.flow import FlowRunner
 from gateway.sip.routes import DEFAULT_ROUTES, Flow, parse_routes
-
-
-class FakeSession:
-    def __init__(self) -> None:
-        self.spoken: list[tuple[str, str]] = []
-        self.clears = 0
-        self.refuse: SessionError | None = None
-
-    def speak(self, text: str) -> str:
-        if self.refuse is not None:
-            raise self.refuse
-        uid = f"u{len(self.spoken) + 1}"
-        self.spoken.append((uid, text))
-        return uid
-
-    def clear(self) -> None:
-        self.clears += 1
-
-
-class Host:
-    def __init__(self) -> None:
-        self.hung_up = 0
-        self.transfers: list[str] = []
-        self.accept_transfer = True
-
-    def hangup(self) -> None:
-        self.hung_up += 1
-
-    async def transfer(self, target: str) -> bool:
-        self.transfers.append(target)
-        return self.accept_transfer
+from tests.gateway.sip.fakes import FakeSession, Host, make_call, played
 
 
 def demo_flow() -> Flow:
@@ -57,19 +26,8 @@ def demo_flow() -> Flow:
 def make(flow: Flow) -> tuple[Call, FakeSession, Host, FlowRunner]:
     session = FakeSession()
     host = Host()
-    call = Call("c1", "sip", "t", {}, cast(Any, session), host.hangup)
+    call = make_call(session, host)
     return call, session, host, FlowRunner(call, flow, host)
-
-
-async def played(call: Call, session: FakeSession, count: int) -> str:
-    """Wait for prompt ``count`` and report it played; returns its text."""
-    for _ in range(200):
-        if len(session.spoken) >= count:
-            break
-        await asyncio.sleep(0.005)
-    uid, text = session.spoken[count - 1]
-    call.publish(UtteranceDone(uid, audio_ms=1000, first_audio_ms=100))
-    return text
 
 
 async def test_the_demo_greets_takes_1_confirms_and_hangs_up() -> None:

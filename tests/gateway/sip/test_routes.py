@@ -45,7 +45,7 @@ say = "Hi"
     ("text", "message"),
     [
         ("[routes.x]\nflow = 'f'\n", "unknown flow"),
-        ("[routes.x]\n" + FLOW, "exactly one of flow or application"),
+        ("[routes.x]\n" + FLOW, "exactly one of flow, webhook or application"),
         ("[routes.x]\nflow = 'f'\napplication = true\n" + FLOW, "exactly one"),
         (FLOW, "no [routes"),
         ("[routes.x]\nflow = 'f'\n" + FLOW + "next = 'b'\n", "unknown step 'b'"),
@@ -72,3 +72,65 @@ def test_mistakes_are_configuration_errors(text: str, message: str) -> None:
 def test_an_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_routes(tmp_path / "missing.toml")
+
+
+def test_webhook_routes_and_trunks_read_their_secrets_from_the_environment() -> None:
+    routes = parse_routes(
+        """
+realm = "gw.example.com"
+[routes.hotline]
+webhook = "https://ivr.example.com/sip"
+webhook_timeout_s = 3
+webhook_secret_env = "HOOK_SECRET"
+[trunks.carrier]
+username = "acme"
+password_env = "ACME_PASSWORD"
+tenant = "acme"
+[trunks.lab]
+username = "lab"
+password = "in-the-file"
+tenant = "lab"
+""",
+        {"HOOK_SECRET": "s3cret", "ACME_PASSWORD": "pw"},
+    )
+    route = routes.routes["hotline"]
+    assert route.webhook == "https://ivr.example.com/sip" and route.webhook_timeout_s == 3.0
+    assert route.webhook_secret == b"s3cret" and "s3cret" not in repr(route)
+    assert routes.realm == "gw.example.com"
+    assert {u: (t.tenant, t.password) for u, t in routes.trunks.items()} == {
+        "acme": ("acme", "pw"),
+        "lab": ("lab", "in-the-file"),
+    }
+    assert "pw" not in repr(routes.trunks["acme"])
+    assert load_routes(None).trunks == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[routes.x]\nwebhook = 'ftp://a/b'\n", "http:// or https://"),
+        ("[routes.x]\nwebhook = 'https://a/b'\nflow = 'f'\n" + FLOW, "exactly one"),
+        ("[routes.x]\nwebhook = 'https://a/b'\nwebhook_timeout_s = 60\n", "webhook_timeout_s"),
+        ("[routes.x]\nwebhook = 'https://a/b'\nwebhook_secret_env = 'NOPE'\n", "NOPE is not set"),
+        ("[routes.x]\napplication = true\nwebhook_secret = 'x'\n", "needs a webhook"),
+        ("[routes.x]\napplication = true\ncolour = 1\n", "unknown keys"),
+        (
+            "[routes.x]\napplication = true\n[trunks.a]\nusername = 'u'\ntenant = 't'\n",
+            "needs username, password and tenant",
+        ),
+        (
+            "[routes.x]\napplication = true\n[trunks.a]\nusername = 'u'\npassword = 'p'\n"
+            "password_env = 'P'\ntenant = 't'\n",
+            "not both",
+        ),
+        (
+            "[routes.x]\napplication = true\n[trunks.a]\nusername = 'u'\npassword = 'p'\n"
+            "tenant = 't'\n[trunks.b]\nusername = 'u'\npassword = 'q'\ntenant = 't'\n",
+            "used twice",
+        ),
+        ("realm = 'a\"b'\n[routes.x]\napplication = true\n", "realm"),
+    ],
+)
+def test_webhook_and_trunk_mistakes(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_routes(text, {})
