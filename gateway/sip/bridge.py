@@ -89,6 +89,7 @@ class SipBridge(asyncio.DatagramProtocol):
             routes.trunks,
             realm=routes.realm,
             max_calls=2 * settings.max_calls,
+            max_calls_per_host=2 * settings.max_calls_per_source,
             algorithms=routes.digest_algorithms,
         )
         self._transport: asyncio.DatagramTransport | None = None
@@ -164,6 +165,8 @@ class SipBridge(asyncio.DatagramProtocol):
         admission = self._trunks.admit(data, source[0], now=time.monotonic(), wall=time.time())
         if admission.verdict is Verdict.ACCEPT:
             return True
+        if admission.verdict is Verdict.DROP:
+            return False
         self.metrics.refused.labels(reason=admission.reason).inc()
         status = _ADMISSION_STATUS[admission.verdict]
         headers = list(admission.headers)
@@ -301,11 +304,11 @@ class SipBridge(asyncio.DatagramProtocol):
         )
         media.attach(leg)
         self._legs[event.dialog] = leg
-        self._trunks.call_started(event.call_id)
+        self._trunks.call_started(event.call_id, event.source[0])
         try:
             await leg.run()
         finally:
-            self._trunks.call_ended(event.call_id, time.monotonic())
+            self._trunks.call_ended(event.call_id, event.source[0], time.monotonic())
             self._legs.pop(event.dialog, None)
             self._ports.release(media.port)
             self._flush()
@@ -449,7 +452,7 @@ class SipBridge(asyncio.DatagramProtocol):
         self._handle(events)
 
 
-_ADMISSION_STATUS = {
+_ADMISSION_STATUS = {  # DROP sends nothing
     Verdict.CHALLENGE: 401,
     Verdict.FORBID: 403,
     Verdict.BAD_REQUEST: 400,

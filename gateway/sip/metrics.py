@@ -83,7 +83,7 @@ class SipMetrics:
         self.webhook_requests = Counter(
             "gateway_sip_webhook_requests_total",
             "Requests to route webhooks, by outcome (ok, timeout, connection, http_error, "
-            "too_large, invalid).",
+            "too_large, invalid, cancelled: the call ended first).",
             ["outcome"],
             registry=r,
         )

@@ -403,8 +403,8 @@ def parse_routes(text: str, env: Mapping[str, str] | None = None) -> Routes:
     if not routes:
         raise ConfigError("SIP routes: no [routes.<user>] table")
     realm = _text(doc.get("realm", DEFAULT_REALM), "realm", 128)
-    if not realm or '"' in realm or not realm.isprintable():
-        raise ConfigError("SIP routes: realm must be printable, without quotes")
+    if not realm or '"' in realm or "\\" in realm or not realm.isprintable():
+        raise ConfigError("SIP routes: realm must be printable, without quotes or backslashes")
     algorithms = doc.get("digest_algorithms", list(DEFAULT_DIGEST_ALGORITHMS))
     if (
         not isinstance(algorithms, list)

@@ -5,19 +5,23 @@ algorithms; the checks themselves are :mod:`telephony.sip.digest`).
 :class:`TrunkGate` decides, for a datagram from a source outside ``GATEWAY_SIP_ALLOW``,
 before the SIP core sees it:
 
-- an INVITE or OPTIONS without credentials: **challenge** (401 with ``WWW-Authenticate``,
-  stateless: the nonce carries its own proof, nothing is kept);
-- an INVITE whose ``Authorization`` checks out: **accept**, billed to the trunk's tenant;
-  its Call-ID is remembered for that source host, so that the ACK, CANCEL, BYE, re-INVITE
-  and the responses of that call get in too (they carry no credentials);
-- right password, old nonce: challenge again with ``stale=true``;
-- wrong credentials, an unknown user, a nonce of another host: **forbid** (403); a
-  malformed ``Authorization``: **bad request** (400);
-- anything else: forbid, as without trunks.
+- a new INVITE (no To tag) or an OPTIONS: its ``Authorization`` is checked, every time
+  (a retransmission carries it again). None, a nonce that is not ours (another worker,
+  a restart) or an old one: **challenge** (401 with ``WWW-Authenticate``, stateless: the
+  nonce carries its own proof). Right credentials: **accept**, billed to the trunk's
+  tenant; an INVITE's Call-ID is then remembered for that source host (an OPTIONS is
+  answered and forgotten). Wrong password, unknown user, a digest for another URI:
+  **forbid** (403); a malformed ``Authorization``: **bad request** (400);
+- anything else (ACK, CANCEL, BYE, a re-INVITE, responses) gets in only when its Call-ID
+  is remembered for its source host; an ACK that is not (the ACK of our 401) is
+  **dropped**; the rest is forbidden.
 
-Limits: at most ``max_calls`` remembered Call-IDs (beyond: **busy**, 503); a Call-ID is
-kept while its call lives and :data:`LINGER_S` after (the last transactions of a call
-that ended), or :data:`LINGER_S` when no call came of it (a 404, a 488, a lost ACK).
+Limits: a source host with :data:`MAX_FAILURES` failed digests in
+:data:`FAILURE_WINDOW_S` is refused without checking for as long (no online password
+guessing at line rate); each host may have ``max_calls_per_host`` remembered Call-IDs and
+all hosts ``max_calls`` (beyond: **busy**, 503). A Call-ID is kept while a call with it
+lives and :data:`LINGER_S` after (its last transactions), or :data:`LINGER_S` when no call
+came of it (a 404, a 488, a lost ACK).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gateway.peer_log import PeerLog
 from gateway.sip.routes import Trunk
 from telephony.sip import SipError, SipParseError, SipRequest, parse_message, parse_uri
 from telephony.sip.digest import (
@@ -39,12 +44,18 @@ from telephony.sip.digest import (
     parse_authorization,
 )
 
-__all__ = ["LINGER_S", "Admission", "TrunkGate", "Verdict"]
+__all__ = ["LINGER_S", "MAX_FAILURES", "Admission", "TrunkGate", "Verdict"]
 
 log = logging.getLogger(__name__)
-#: 64*T1: how long a Call-ID stays known once its call is over (or never began).
+_digest_log = PeerLog(log, "sip digest")  # anyone can fail a digest: rate-limited
+
+#: 64*T1: how long a Call-ID stays known once its calls are over (or never began).
 LINGER_S = 32.0
+MAX_FAILURES = 5
+FAILURE_WINDOW_S = 60.0
+MAX_FAILURE_HOSTS = 4096
 CHALLENGED_METHODS = frozenset({"INVITE", "OPTIONS"})
+_DEFAULT_PORTS = {"sip": 5060, "sips": 5061}
 
 
 class Verdict(enum.Enum):
@@ -53,6 +64,7 @@ class Verdict(enum.Enum):
     FORBID = "forbid"
     BAD_REQUEST = "bad_request"
     BUSY = "busy"
+    DROP = "drop"
 
 
 @dataclass(frozen=True)
@@ -65,26 +77,34 @@ class Admission:
 
 @dataclass
 class _Known:
-    host: str
     tenant: str
-    expires: float  # monotonic; inf while the call lives
+    expires: float  # monotonic; inf while a call with this Call-ID lives
+    calls: int = 0  # legs with this Call-ID from this host
+
+
+@dataclass
+class _Failures:
+    count: int
+    since: float
 
 
 def _same_target(digest_uri: str, request_uri: str) -> bool:
     """The digest's ``uri`` names what the request is for: the Request-URI itself, or the
-    same host and port with the same user or none (sipp and some PBXs hash the domain's
-    URI, ``sip:host:port``). Anything else is checked as a wrong URI."""
+    URI of the same host and port without a user (sipp and some PBXs hash that).
+    Anything else is checked as a wrong URI."""
     if digest_uri == request_uri:
         return True
     try:
         digest, request = parse_uri(digest_uri), parse_uri(request_uri)
     except SipError:
         return False
+    default = _DEFAULT_PORTS.get(request.scheme)
     return (
-        digest.scheme == request.scheme
+        default is not None
+        and digest.scheme == request.scheme
+        and not digest.user
         and digest.host.lower() == request.host.lower()
-        and (digest.port or 5060) == (request.port or 5060)
-        and digest.user in (None, "", request.user)
+        and (digest.port or default) == (request.port or default)
     )
 
 
@@ -95,12 +115,16 @@ class TrunkGate:
         *,
         realm: str,
         max_calls: int,
+        max_calls_per_host: int | None = None,
         algorithms: Sequence[str] = ("MD5",),
         secret: bytes | None = None,
     ) -> None:
         self._trunks = dict(trunks)
         self._max = max_calls
-        self._known: dict[str, _Known] = {}
+        self._max_per_host = max_calls_per_host or max_calls
+        self._known: dict[tuple[str, str], _Known] = {}  # (host, Call-ID)
+        self._per_host: dict[str, int] = {}
+        self._failures: dict[str, _Failures] = {}
         self._auth = (
             DigestAuthenticator(
                 realm=realm,
@@ -118,36 +142,49 @@ class TrunkGate:
 
     def admit(self, data: bytes, host: str, *, now: float, wall: float) -> Admission:
         """What to do with ``data`` from ``host`` (outside the trusted networks).
-        ``now`` is monotonic (the Call-ID table), ``wall`` the Unix time (nonces)."""
+        ``now`` is monotonic (the Call-ID table, failures), ``wall`` Unix time (nonces)."""
         auth = self._auth
         if auth is None:
             return Admission(Verdict.FORBID, reason="untrusted")
         try:
             message = parse_message(data)
             call_id = message.call_id
+            new_request = isinstance(message, SipRequest) and (
+                message.method == "OPTIONS"
+                or (message.method == "INVITE" and message.to.tag is None)
+            )
         except SipParseError:
             return Admission(Verdict.FORBID, reason="untrusted")
-        known = self._known.get(call_id)
-        if known is not None and known.host == host and known.expires > now:
-            return Admission(Verdict.ACCEPT, tenant=known.tenant)
-        if not isinstance(message, SipRequest) or message.method not in CHALLENGED_METHODS:
+        if not new_request:
+            known = self._known.get((host, call_id))
+            if known is not None and known.expires > now:
+                return Admission(Verdict.ACCEPT, tenant=known.tenant)
+            if isinstance(message, SipRequest) and message.method == "ACK":
+                return Admission(Verdict.DROP)  # the ACK of our 401 (or of nothing)
             return Admission(Verdict.FORBID, reason="untrusted")
+        assert isinstance(message, SipRequest)
         header = message.headers.get("Authorization")
-        if header is None or message.method != "INVITE":
+        if header is None:
             return self._challenge(auth, wall, host)
+        if self._blocked(host, now):
+            return Admission(Verdict.FORBID, reason="bad_credentials")
         try:
             credentials = parse_authorization(header)
-        except DigestError:
+        except DigestError as exc:
+            self._failed(host, now)
+            _digest_log.info("from %s: malformed Authorization: %s", host, exc.code)
             return Admission(Verdict.BAD_REQUEST, reason="bad_credentials")
         uri = credentials.uri if _same_target(credentials.uri, message.uri) else message.uri
         result = auth.verify(
-            credentials, method="INVITE", request_uri=uri, source_host=host, now=wall
+            credentials, method=message.method, request_uri=uri, source_host=host, now=wall
         )
-        if result.verdict is DigestVerdict.STALE:
-            return self._challenge(auth, wall, host, stale=True)
+        if result.verdict is DigestVerdict.STALE or result.verdict is DigestVerdict.BAD_NONCE:
+            # an old nonce, or one this worker did not issue (a restart): ask again
+            return self._challenge(auth, wall, host, stale=result.verdict is DigestVerdict.STALE)
         if result.verdict is not DigestVerdict.OK or result.username is None:
-            log.info(
-                "sip: digest from %s for user %r refused: %s (uri %r, Request-URI %r)",
+            self._failed(host, now)
+            _digest_log.info(
+                "from %s for user %r refused: %s (uri %r, Request-URI %r)",
                 host,
                 credentials.username[:64],
                 result.verdict.value,
@@ -156,26 +193,30 @@ class TrunkGate:
             )
             return Admission(Verdict.FORBID, reason="bad_credentials")
         tenant = self._trunks[result.username].tenant
-        if not self._remember(call_id, host, tenant, now):
+        if message.method == "INVITE" and not self._remember(host, call_id, tenant, now):
             return Admission(Verdict.BUSY, reason="trunk_calls")
         return Admission(Verdict.ACCEPT, tenant=tenant)
 
     def tenant(self, call_id: str, host: str) -> str | None:
         """The tenant of an authenticated call from ``host``; None when it is not one."""
-        known = self._known.get(call_id)
-        return known.tenant if known is not None and known.host == host else None
+        known = self._known.get((host, call_id))
+        return known.tenant if known is not None else None
 
-    def call_started(self, call_id: str) -> None:
-        """The call has a leg: keep its Call-ID while it lives."""
-        known = self._known.get(call_id)
+    def call_started(self, call_id: str, host: str) -> None:
+        """A call with this Call-ID from ``host`` has a leg: keep the Call-ID while it lives."""
+        known = self._known.get((host, call_id))
         if known is not None:
+            known.calls += 1
             known.expires = math.inf
 
-    def call_ended(self, call_id: str, now: float) -> None:
-        """The call is over: keep its Call-ID a little longer for its last transactions."""
-        known = self._known.get(call_id)
+    def call_ended(self, call_id: str, host: str, now: float) -> None:
+        """That call is over: once no call with the Call-ID lives, keep it a little longer
+        for the last transactions."""
+        known = self._known.get((host, call_id))
         if known is not None:
-            known.expires = now + LINGER_S
+            known.calls = max(0, known.calls - 1)
+            if known.calls == 0:
+                known.expires = now + LINGER_S
 
     @property
     def known_calls(self) -> int:
@@ -191,11 +232,45 @@ class TrunkGate:
             reason="challenged",
         )
 
-    def _remember(self, call_id: str, host: str, tenant: str, now: float) -> bool:
-        if call_id not in self._known and len(self._known) >= self._max:
-            for key in [k for k, v in self._known.items() if v.expires <= now]:
-                del self._known[key]
-            if len(self._known) >= self._max:
+    def _remember(self, host: str, call_id: str, tenant: str, now: float) -> bool:
+        key = (host, call_id)
+        known = self._known.get(key)
+        if known is not None:
+            if known.tenant != tenant:
+                return False  # another trunk's credentials for a Call-ID in use
+            if known.calls == 0:
+                known.expires = now + LINGER_S
+            return True
+        if len(self._known) >= self._max or self._per_host.get(host, 0) >= self._max_per_host:
+            self._prune(now)
+            if len(self._known) >= self._max or self._per_host.get(host, 0) >= self._max_per_host:
                 return False
-        self._known[call_id] = _Known(host, tenant, now + LINGER_S)
+        self._known[key] = _Known(tenant, now + LINGER_S)
+        self._per_host[host] = self._per_host.get(host, 0) + 1
         return True
+
+    def _prune(self, now: float) -> None:
+        for key in [k for k, v in self._known.items() if v.expires <= now]:
+            del self._known[key]
+            left = self._per_host[key[0]] - 1
+            if left:
+                self._per_host[key[0]] = left
+            else:
+                del self._per_host[key[0]]
+
+    def _blocked(self, host: str, now: float) -> bool:
+        failures = self._failures.get(host)
+        if failures is None or now - failures.since > FAILURE_WINDOW_S:
+            return False
+        return failures.count >= MAX_FAILURES
+
+    def _failed(self, host: str, now: float) -> None:
+        failures = self._failures.get(host)
+        if failures is None or now - failures.since > FAILURE_WINDOW_S:
+            if len(self._failures) >= MAX_FAILURE_HOSTS:
+                stale = [h for h, f in self._failures.items() if now - f.since > FAILURE_WINDOW_S]
+                for old in stale or [next(iter(self._failures))]:
+                    del self._failures[old]
+            self._failures[host] = _Failures(1, now)
+        else:
+            failures.count += 1

@@ -169,13 +169,17 @@ class WebhookClient:
     def __init__(self, metrics: SipMetrics) -> None:
         self._metrics = metrics
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     async def close(self) -> None:
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None
 
     def _client(self) -> aiohttp.ClientSession:
+        if self._closed:  # the bridge stopped: no new connections
+            raise WebhookError("connection", "the SIP bridge is stopping")
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS),
@@ -193,7 +197,7 @@ class WebhookClient:
             headers["X-Gateway-Timestamp"] = timestamp
             headers["X-Gateway-Signature"] = signature(route.webhook_secret, timestamp, body)
         started = time.monotonic()
-        outcome = "ok"
+        outcome = "cancelled"  # until the request ends one way or another
         try:
             async with asyncio.timeout(route.webhook_timeout_s):
                 async with self._client().post(
@@ -201,10 +205,10 @@ class WebhookClient:
                 ) as response:
                     if not 200 <= response.status < 300:
                         raise WebhookError("http_error", f"status {response.status}")
-                    answer = await response.content.read(MAX_RESPONSE_BYTES + 1)
-                    if len(answer) > MAX_RESPONSE_BYTES:
-                        raise WebhookError("too_large", f"over {MAX_RESPONSE_BYTES} bytes")
-            return parse_actions(answer)
+                    answer = await _read_bounded(response, MAX_RESPONSE_BYTES)
+            actions = parse_actions(answer)
+            outcome = "ok"
+            return actions
         except WebhookError as exc:
             outcome = exc.outcome
             raise
@@ -217,6 +221,16 @@ class WebhookClient:
         finally:
             self._metrics.webhook_requests.labels(outcome=outcome).inc()
             self._metrics.webhook_seconds.observe(time.monotonic() - started)
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body (however it was chunked on the wire), at most ``limit`` bytes."""
+    body = bytearray()
+    while chunk := await response.content.read(limit + 1 - len(body)):
+        body += chunk
+        if len(body) > limit:
+            raise WebhookError("too_large", f"over {limit} bytes")
+    return bytes(body)
 
 
 class WebhookRunner(CallScript):

@@ -612,6 +612,56 @@ async def test_an_untrusted_source_gets_403_and_nothing_is_kept(tmp_path: Path) 
         gw.stop()
 
 
+async def test_a_reinvite_that_moves_the_media_latches_again_on_the_new_source(
+    gateway: GatewayProcess, connect: Connect, tmp_path: Path
+) -> None:
+    """The caller's media moves (a re-INVITE naming a new port, as after a transfer by a
+    PBX or a NAT rebinding): the gateway latches again on the first packet from the new
+    source, even when it is not the port the SDP named, and the old source is dropped."""
+    first, moved = await RtpPeer.open(), await RtpPeer.open()
+    announced = free_udp_port() & ~1  # named in the re-INVITE; the media comes from `moved`
+    cid = call_id()
+    xml = scenario(
+        "move",
+        invite("app", offer_sdp(first.port, ("PCMU",))),
+        recv(100, optional=True),
+        recv(200, rrs=True),
+        ack("app"),
+        pause(3000),
+        in_dialog("INVITE", "app", 2, offer_sdp(announced, ("PCMU",))),
+        recv(100, optional=True),
+        recv(200),
+        ack("app", 2),
+        recv(request="BYE", timeout_ms=30000),
+        OK_TO_REQUEST,
+    )
+    try:
+        started = time.monotonic()
+        sipp = asyncio.ensure_future(run_sipp(xml, sip_target(gateway), tmp_path, call_id=cid))
+        app = await attach(lambda token="": connect(gateway.token(tenant="sip")), cid)
+        await app.send(type="speak", text="Hello.", utterance_id="one")
+        await app.wait_event("utterance_done", utterance_id="one", timeout=10)
+        await first.send_audio(caller_audio.silence(0.3))  # latched on `first`
+        before_move = len(first.received)
+        assert before_move > 0 and moved.received == []
+        await asyncio.sleep(max(0.0, started + 4.0 - time.monotonic()))  # re-INVITE done
+        dropped = await metric(gateway, "gateway_sip_rtp_dropped_total")
+        moved.remote = first.remote  # the gateway's RTP port: the call's, unchanged
+        await moved.send_audio(caller_audio.silence(0.3))  # latches on `moved`
+        await first.send_audio(caller_audio.silence(0.2))  # the old source: dropped
+        await app.send(type="speak", text="Hello again.", utterance_id="two")
+        await app.wait_event("utterance_done", utterance_id="two", timeout=10)
+        await moved.wait_packets(10)
+        assert len(first.received) == before_move
+        assert await metric(gateway, "gateway_sip_rtp_dropped_total") >= dropped + 10
+        await app.send(type="hangup")
+        result = await sipp
+        assert result.returncode == 0, result.output
+    finally:
+        first.close()
+        moved.close()
+
+
 # --------------------------------------------------------------------------- watchdogs, drain
 
 WATCHDOG_ROUTES = """

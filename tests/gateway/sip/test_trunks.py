@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from gateway.sip.routes import Trunk
-from gateway.sip.trunks import LINGER_S, TrunkGate, Verdict
+from gateway.sip.trunks import FAILURE_WINDOW_S, LINGER_S, MAX_FAILURES, TrunkGate, Verdict
 from telephony.sip.digest import DigestAlgorithm, digest_response
 
 HOST = "203.0.113.7"
@@ -17,13 +17,19 @@ TRUNKS = {"acme": Trunk(name="carrier", username="acme", password="pw", tenant="
 
 
 def request(
-    method: str = "INVITE", *, call_id: str = "c1@x", authorization: str | None = None
+    method: str = "INVITE",
+    *,
+    call_id: str = "c1@x",
+    authorization: str | None = None,
+    to_tag: str | None = None,
 ) -> bytes:
+    if to_tag is None and method in ("ACK", "BYE"):
+        to_tag = "gw"  # in the dialog
     lines = [
         f"{method} {URI} SIP/2.0",
         "Via: SIP/2.0/UDP 203.0.113.7:5060;branch=z9hG4bK-1",
         "From: <sip:+15551234@carrier.example>;tag=a",
-        "To: <sip:ivr@gw.example.com>",
+        "To: <sip:ivr@gw.example.com>" + (f";tag={to_tag}" if to_tag else ""),
         f"Call-ID: {call_id}",
         f"CSeq: 1 {method}",
         "Max-Forwards: 70",
@@ -39,6 +45,7 @@ def answer(
     password: str = "pw",
     username: str = "acme",
     uri: str = URI,
+    method: str = "INVITE",
 ) -> str:
     """What a UAC sends back: qop=auth, the challenge's nonce and algorithm."""
     nonce = re.search(r'nonce="([^"]+)"', challenge)
@@ -50,7 +57,7 @@ def answer(
         username=username,
         realm="voice-gateway",
         password=password,
-        method="INVITE",
+        method=method,
         uri=uri,
         nonce=nonce.group(1),
         qop="auth",
@@ -64,8 +71,14 @@ def answer(
     )
 
 
-def gate(algorithms: Sequence[str] = ("MD5",)) -> TrunkGate:
-    return TrunkGate(TRUNKS, realm="voice-gateway", max_calls=4, algorithms=algorithms)
+def gate(algorithms: Sequence[str] = ("MD5",), max_calls_per_host: int = 4) -> TrunkGate:
+    return TrunkGate(
+        TRUNKS,
+        realm="voice-gateway",
+        max_calls=4,
+        max_calls_per_host=max_calls_per_host,
+        algorithms=algorithms,
+    )
 
 
 def challenge_of(g: TrunkGate, data: bytes, wall: float = 1000.0) -> str:
@@ -88,16 +101,76 @@ def test_an_answered_challenge_lets_the_call_and_its_dialog_in(algorithm: str) -
     g = gate(algorithms=[algorithm])
     challenge = challenge_of(g, request())
     assert f"algorithm={algorithm}" in challenge and 'realm="voice-gateway"' in challenge
+    # the ACK of our 401 is dropped quietly (not counted as hostile)
+    assert g.admit(request("ACK"), HOST, now=0.5, wall=1000.5).verdict is Verdict.DROP
     admitted = g.admit(request(authorization=answer(challenge)), HOST, now=1.0, wall=1001.0)
     assert (admitted.verdict, admitted.tenant) == (Verdict.ACCEPT, "acme")
     assert g.tenant("c1@x", HOST) == "acme"
     # the rest of the call carries no credentials: in by its Call-ID, from its host only
-    for method in ("ACK", "BYE", "CANCEL", "INVITE"):
-        assert g.admit(request(method), HOST, now=2.0, wall=1002.0).verdict is Verdict.ACCEPT
+    for method, tag in (("ACK", None), ("BYE", None), ("CANCEL", None), ("INVITE", "gw")):
+        data = request(method, to_tag=tag)
+        assert g.admit(data, HOST, now=2.0, wall=1002.0).verdict is Verdict.ACCEPT, method
     assert g.admit(request("BYE"), "198.51.100.1", now=2.0, wall=1002.0).verdict is Verdict.FORBID
     assert g.tenant("c1@x", "198.51.100.1") is None
     response = b"SIP/2.0 200 OK\r\n" + request("BYE").split(b"\r\n", 1)[1]
     assert g.admit(response, HOST, now=2.0, wall=1002.0).verdict is Verdict.ACCEPT
+
+
+def test_a_known_call_id_does_not_let_a_new_invite_in_without_credentials() -> None:
+    g = gate()
+    challenge = challenge_of(g, request())
+    g.admit(request(authorization=answer(challenge)), HOST, now=0.0, wall=1000.0)
+    g.call_started("c1@x", HOST)
+    # a new INVITE (no To tag) with the same Call-ID is challenged like any other
+    assert g.admit(request(), HOST, now=1.0, wall=1001.0).verdict is Verdict.CHALLENGE
+    # its retransmission with the credentials goes in again (same call)
+    again = g.admit(request(authorization=answer(challenge)), HOST, now=1.0, wall=1001.0)
+    assert again.verdict is Verdict.ACCEPT
+
+
+def test_calls_are_kept_apart_by_source_host() -> None:
+    g = gate()
+    challenge = challenge_of(g, request())
+    g.admit(request(authorization=answer(challenge)), HOST, now=0.0, wall=1000.0)
+    g.call_started("c1@x", HOST)
+    other = "198.51.100.1"
+    theirs = g.admit(request(), other, now=0.0, wall=1000.0)
+    assert theirs.verdict is Verdict.CHALLENGE
+    nonce_for_other = theirs.headers[0][1]
+    data = request(authorization=answer(nonce_for_other))
+    assert g.admit(data, other, now=0.0, wall=1000.0).verdict is Verdict.ACCEPT
+    g.call_started("c1@x", other)
+    g.call_ended("c1@x", other, now=0.0)  # their call ends: ours lives on
+    assert g.admit(request("BYE"), HOST, now=3600.0, wall=0).verdict is Verdict.ACCEPT
+    assert g.admit(request("BYE"), other, now=3600.0, wall=0).verdict is Verdict.FORBID
+
+
+def test_an_authenticated_options_probe_is_answered_and_forgotten() -> None:
+    g = gate()
+    challenge = challenge_of(g, request("OPTIONS"))
+    authorization = answer(challenge, method="OPTIONS")
+    admitted = g.admit(request("OPTIONS", authorization=authorization), HOST, now=0, wall=1000)
+    assert (admitted.verdict, admitted.tenant) == (Verdict.ACCEPT, "acme")
+    assert g.known_calls == 0
+
+
+def test_guessing_is_cut_off_after_a_few_failures() -> None:
+    g = gate()
+    challenge = challenge_of(g, request())
+    for _ in range(MAX_FAILURES):
+        wrong = request(authorization=answer(challenge, password="guess"))
+        assert g.admit(wrong, HOST, now=1.0, wall=1001.0).verdict is Verdict.FORBID
+    right = request(authorization=answer(challenge))
+    blocked = g.admit(right, HOST, now=2.0, wall=1002.0)
+    assert (blocked.verdict, blocked.reason) == (Verdict.FORBID, "bad_credentials")
+    assert g.admit(right, "198.51.100.1", now=2.0, wall=1002.0).verdict is Verdict.CHALLENGE
+    later = g.admit(
+        request(authorization=answer(challenge_of(g, request(), wall=1100.0))),
+        HOST,
+        now=2.0 + FAILURE_WINDOW_S + 1,
+        wall=1100.0,
+    )
+    assert later.verdict is Verdict.ACCEPT
 
 
 def test_both_algorithms_are_offered_in_the_configured_order() -> None:
@@ -113,9 +186,9 @@ def test_a_call_id_lives_while_its_call_does_then_lingers() -> None:
     # no call came of it (a 404, a lost ACK): forgotten after LINGER_S
     assert g.admit(request("BYE"), HOST, now=LINGER_S + 1, wall=0).verdict is Verdict.FORBID
     g.admit(request(authorization=answer(challenge)), HOST, now=0.0, wall=1000.0)
-    g.call_started("c1@x")
+    g.call_started("c1@x", HOST)
     assert g.admit(request("BYE"), HOST, now=36000.0, wall=0).verdict is Verdict.ACCEPT
-    g.call_ended("c1@x", now=36000.0)
+    g.call_ended("c1@x", HOST, now=36000.0)
     assert g.admit(request("BYE"), HOST, now=36000 + LINGER_S - 1, wall=0).verdict is (
         Verdict.ACCEPT
     )
@@ -157,7 +230,8 @@ def test_a_nonce_is_good_for_its_host_only_and_goes_stale() -> None:
     elsewhere = g.admit(
         request(authorization=answer(challenge)), "198.51.100.1", now=0.0, wall=1000.0
     )
-    assert elsewhere.verdict is Verdict.FORBID
+    assert elsewhere.verdict is Verdict.CHALLENGE  # not ours for that host: asked again
+    assert g.known_calls == 0
     stale = g.admit(request(authorization=answer(challenge)), HOST, now=0.0, wall=1000.0 + 3600)
     assert stale.verdict is Verdict.CHALLENGE
     assert "stale=true" in stale.headers[0][1]
@@ -179,12 +253,12 @@ def test_remembered_calls_are_bounded() -> None:
     for n in range(4):
         data = request(call_id=f"c{n}@x", authorization=answer(challenge))
         assert g.admit(data, HOST, now=0.0, wall=1000.0).verdict is Verdict.ACCEPT
-        g.call_started(f"c{n}@x")
+        g.call_started(f"c{n}@x", HOST)
     full = g.admit(
         request(call_id="c9@x", authorization=answer(challenge)), HOST, now=0.0, wall=1000.0
     )
     assert (full.verdict, full.reason) == (Verdict.BUSY, "trunk_calls")
-    g.call_ended("c0@x", now=0.0)  # a call ended: its slot frees after the linger
+    g.call_ended("c0@x", HOST, now=0.0)  # a call ended: its slot frees after the linger
     later = g.admit(
         request(call_id="c9@x", authorization=answer(challenge)),
         HOST,
@@ -192,3 +266,20 @@ def test_remembered_calls_are_bounded() -> None:
         wall=1010.0,
     )
     assert later.verdict is Verdict.ACCEPT and g.known_calls == 4
+
+
+def test_one_host_cannot_take_every_remembered_call() -> None:
+    g = gate(max_calls_per_host=2)  # and 4 in all
+    for host in (HOST, HOST, "198.51.100.1"):
+        challenge = challenge_of_host(g, host)
+        data = request(call_id=f"{host}-{g.known_calls}", authorization=answer(challenge))
+        assert g.admit(data, host, now=0.0, wall=1000.0).verdict is Verdict.ACCEPT
+    challenge = challenge_of_host(g, HOST)
+    third = g.admit(request(call_id="c9", authorization=answer(challenge)), HOST, now=0, wall=1000)
+    assert (third.verdict, third.reason) == (Verdict.BUSY, "trunk_calls")
+
+
+def challenge_of_host(g: TrunkGate, host: str) -> str:
+    admission = g.admit(request(), host, now=0.0, wall=1000.0)
+    assert admission.verdict is Verdict.CHALLENGE
+    return admission.headers[0][1]

@@ -41,9 +41,11 @@ class Webhook:
 
     def __init__(self, answer: Answer) -> None:
         self.answer = answer
+        self.request: web.Request | None = None  # the one being answered
         self.requests: list[tuple[dict[str, Any], dict[str, str], bytes]] = []
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.request = request
         body = await request.read()
         doc = json.loads(body)
         self.requests.append((doc, dict(request.headers), body))
@@ -156,6 +158,33 @@ async def test_silence_gathers_nothing_and_a_refused_transfer_is_posted(serve: A
     assert [e["event"] for e in hook.events] == ["call_started", "gathered", "transfer_failed"]
     assert "X-Gateway-Signature" not in hook.requests[0][1]
     assert host.hung_up == 1
+
+
+async def test_an_answer_that_arrives_in_pieces_is_read_whole(serve: Any) -> None:
+    async def answer(doc: dict[str, Any]) -> web.StreamResponse:
+        raise AssertionError("replaced below")
+
+    hook, url = await serve(answer)
+    body = json.dumps({"actions": [{"say": "x" * 1900}, {"hangup": True}]}).encode()
+
+    async def in_pieces(doc: dict[str, Any]) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        assert hook.request is not None
+        await response.prepare(hook.request)
+        for start in range(0, len(body), 500):
+            await response.write(body[start : start + 500])
+            await asyncio.sleep(0.02)
+        await response.write_eof()
+        return response
+
+    hook.answer = in_pieces
+    session, host, runner, client, metrics = runner_for(url)
+    task = asyncio.ensure_future(runner.run())
+    assert await played(runner._call, session, 1) == "x" * 1900
+    await asyncio.wait_for(task, 2)
+    await client.close()
+    assert host.hung_up == 1 and outcomes(metrics) == {"ok": 1.0}
 
 
 async def test_a_list_without_an_ending_hangs_up(serve: Any) -> None:
