@@ -26,7 +26,7 @@ from typing import Final
 __all__ = ["OggOpusWriter", "ogg_crc32"]
 
 _OGG_CRC_POLY: Final = 0x04C11DB7
-_VENDOR: Final = b"ivr-voice-gateway tests.telephony.ogg_opus"
+_VENDOR: Final = b"ivr-voice-gateway"
 
 # Ogg page header_type flags (RFC 3533 section 6).
 _FLAG_CONTINUED: Final = 0x01

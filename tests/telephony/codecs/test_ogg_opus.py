@@ -14,7 +14,7 @@ import pytest
 
 from telephony.codecs import opus
 from telephony.codecs.opus import OpusEncoder
-from tests.telephony.ogg_opus import OggOpusWriter, ogg_crc32
+from telephony.codecs.ogg_opus import OggOpusWriter, ogg_crc32
 
 
 def reference_crc(data: bytes) -> int:
