@@ -10,6 +10,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gateway import speech_api
 from gateway.auth import TokenVerifier, redact_query
 from gateway.config import GatewaySettings
 from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
@@ -143,6 +144,7 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
     for path, handler in PROTOCOLS.items():
         app.router.add_get(path, handler)
     voices_api.add_routes(app)
+    speech_api.add_routes(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)

@@ -94,14 +94,21 @@ class GatewayState:
             self.metrics.auth_failures.labels(code=exc.code).inc()
             raise
 
-    def new_session(self, peer: Peer, protocol: str) -> Session:
-        """A session of this worker for ``peer`` (every protocol's connection or leg)."""
+    def new_session(
+        self, peer: Peer, protocol: str, *, burst_lead_s: float | None = None
+    ) -> Session:
+        """A session of this worker for ``peer`` (every protocol's connection or leg);
+        ``burst_lead_s`` overrides how far ahead of real time burst pacing may run (an
+        HTTP response, whose backpressure is the peer's, has no need to hold back)."""
+        limits = self.session_limits()
+        if burst_lead_s is not None:
+            limits = replace(limits, burst_lead_s=burst_lead_s)
         return Session(
             peer=peer,
             engine=self.engine.client,
             pacer=self.pacer,
             metrics=self.metrics,
-            limits=self.session_limits(),
+            limits=limits,
             protocol=protocol,
             gate=self.gate,
             leases=self.limits,
