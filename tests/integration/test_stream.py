@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from telephony.codecs import g711
+from telephony.codecs.ogg_opus import OggOpusWriter
 from telephony.codecs.opus import OpusDecoder
 from tests.integration.conftest import Connect
 from tests.integration.harness import GatewayProcess, NativeClient
 from tests.integration.pacing import CLIENT_ALLOWANCE_S, LEAD_S, lateness
-from telephony.codecs.ogg_opus import OggOpusWriter
 
 PROMPT = "Thank you for calling. Your call is important to us."
 FRAME_BYTES = {

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from telephony.codecs import opus
-from telephony.codecs.opus import OpusEncoder
 from telephony.codecs.ogg_opus import OggOpusWriter, ogg_crc32
+from telephony.codecs.opus import OpusEncoder
 
 
 def reference_crc(data: bytes) -> int:
