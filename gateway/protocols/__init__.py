@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.protocols import asterisk, native, twilio
+from gateway.protocols import asterisk, freeswitch, jambonz, native, twilio
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -18,4 +18,6 @@ PROTOCOLS: dict[str, Handler] = {
     "/v1/stream": native.handle_stream,
     "/v1/twilio": twilio.handle_twilio,
     "/v1/asterisk": asterisk.handle_asterisk,
+    "/v1/jambonz": jambonz.handle_jambonz,
+    "/v1/freeswitch": freeswitch.handle_freeswitch,
 }

@@ -57,6 +57,8 @@ class Connection(abc.ABC):
     #: Whether the session ends when its token expires. A telephony vendor cannot renew
     #: the token of a call in progress, so its legs keep running (docs/protocol.md).
     expires_with_token: ClassVar[bool] = True
+    #: WebSocket subprotocols this protocol accepts (the client's choice is echoed).
+    subprotocols: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ws: web.WebSocketResponse, writer: FrameWriter, state: GatewayState) -> None:
         self._ws = ws
@@ -268,13 +270,14 @@ class Connection(abc.ABC):
             await asyncio.sleep(BACKPRESSURE_POLL_S)
 
 
-def _websocket(state: GatewayState) -> web.WebSocketResponse:
+def _websocket(state: GatewayState, subprotocols: tuple[str, ...]) -> web.WebSocketResponse:
     settings = state.settings
     return web.WebSocketResponse(
         max_msg_size=settings.max_message_bytes,
         compress=False,  # frames are written straight to the transport (gateway/wsframe.py)
         heartbeat=settings.ws_heartbeat_s,
         autoping=True,
+        protocols=subprotocols,
     )
 
 
@@ -283,7 +286,7 @@ async def serve(
 ) -> web.StreamResponse:
     """The aiohttp handler of every WebSocket protocol: upgrade, authenticate, run."""
     state = request.app[STATE_KEY]
-    ws = _websocket(state)
+    ws = _websocket(state, connection.subprotocols)
     if not ws.can_prepare(request).ok:
         return web.json_response(
             {

@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import itertools
 import logging
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from aiohttp import web
 
@@ -45,6 +45,8 @@ class TelephonyLeg(CallLeg, Connection):
     """A telephony call leg over the shared connection base; subclasses add a vendor core."""
 
     expires_with_token = False  # the vendor cannot renew a call's token (docs/protocol.md)
+    #: Vendor marks sent and not yet played, at most (a vendor may allow fewer).
+    max_vendor_marks: ClassVar[int] = MAX_PENDING_VENDOR_MARKS
 
     def __init__(
         self,
@@ -71,13 +73,13 @@ class TelephonyLeg(CallLeg, Connection):
     def mark_reached(self, name: str) -> None:
         """Send a vendor mark for the session's mark ``name``; it is reported to the
         application when the vendor says it was played (bounded backlog)."""
-        if self.vendor_pending_marks() >= MAX_PENDING_VENDOR_MARKS:
+        if self.vendor_pending_marks() >= self.max_vendor_marks:
             self._state.metrics.errors.labels(code=ErrorCode.MARK_BACKLOG_FULL).inc()
             self.peer_log.warning("mark backlog full: the vendor is not echoing marks")
             self.publish(
                 ErrorEvent(
                     ErrorCode.MARK_BACKLOG_FULL,
-                    f"{MAX_PENDING_VENDOR_MARKS} marks are waiting for the vendor to play "
+                    f"{self.max_vendor_marks} marks are waiting for the vendor to play "
                     f"them; mark {name[:64]!r} was not sent",
                 )
             )
