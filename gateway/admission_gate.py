@@ -149,6 +149,10 @@ class UtteranceAdmission:
         else:
             self._send(seq, text, final)
 
+    def holding(self, seq: int) -> bool:
+        """``seq`` waits at the gate: none of its text reached the engine."""
+        return seq in self._held
+
     def submitted_at(self, seq: int) -> float | None:
         ticket = self._tickets.get(seq)
         return None if ticket is None else ticket.submitted_at

@@ -44,6 +44,9 @@ class GatewaySettings:
     limits: SessionLimits = field(default_factory=SessionLimits)
     max_message_bytes: int = 64 * 1024
     start_timeout_s: float = 10.0
+    #: No message from the client this long, and nothing playing: the session ends
+    #: (``idle_timeout``). 0: never. ``keepalive`` (or any message) resets it.
+    idle_timeout_s: float = 300.0
     tick_s: float = 0.005
     ws_heartbeat_s: float = 20.0
     web_demo_dir: Path = WEB_DEMO_DIR
@@ -91,6 +94,7 @@ class GatewaySettings:
             limits=limits,
             max_message_bytes=env_int(env, "GATEWAY_MAX_MESSAGE_BYTES", 64 * 1024, minimum=1024),
             start_timeout_s=float(env_int(env, "GATEWAY_START_TIMEOUT_S", 10, minimum=1)),
+            idle_timeout_s=float(env_int(env, "GATEWAY_IDLE_TIMEOUT_S", 300, minimum=0)),
             tick_s=env_int(env, "GATEWAY_TICK_MS", 5, minimum=1) / 1000,
             admission=AdmissionSettings(
                 soft_latency_s=env_int(env, "GATEWAY_SOFT_LATENCY_MS", 1500, minimum=1) / 1000,

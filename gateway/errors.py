@@ -57,6 +57,8 @@ class ErrorCode(enum.StrEnum):
     UNEXPECTED_BINARY = "unexpected_binary"
     INVALID_AUDIO = "invalid_audio"
     CLOSING = "closing"
+    UNKNOWN_UTTERANCE = "unknown_utterance"
+    IDLE_TIMEOUT = "idle_timeout"
     # capacity and limits
     OVERLOADED = "overloaded"
     QUEUE_TIMEOUT = "queue_timeout"

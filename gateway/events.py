@@ -29,6 +29,8 @@ class UtteranceDone:
     utterance_id: str
     audio_ms: int
     first_audio_ms: int | None
+    #: ``cancel`` ended it: ``audio_ms`` is what was sent of it before.
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,13 @@ class MarkReached:
 
     name: str
     cleared: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Flushed:
+    """Everything queued before a ``flush`` was sent (or dropped by a clear)."""
+
+    flush_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +90,7 @@ SessionEvent = (
     | UtteranceStarted
     | UtteranceDone
     | MarkReached
+    | Flushed
     | Cleared
     | BargeIn
     | ErrorEvent

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.errors import ErrorCode
-from gateway.events import ErrorEvent, MarkReached, SessionEvent, UtteranceDone, UtteranceStarted
+from gateway.events import (
+    ErrorEvent,
+    Flushed,
+    MarkReached,
+    SessionEvent,
+    UtteranceDone,
+    UtteranceStarted,
+)
 
 
 class RingReader(Protocol):
@@ -57,15 +64,36 @@ class QueuedUtterance:
     audio_ready_at: float | None = None  # engine's first chunk reported
     first_frame_at: float | None = None
     error: ErrorEvent | None = None
+    frames_sent: int = 0
 
     @property
     def ended(self) -> bool:
-        return self.end_pos is not None or (self.error is not None and self.start_pos is None)
+        """Its end is known: the engine said so, or a boundary record did once its start
+        is known too (a record can be visible before the first-audio message arrives)."""
+        if self.error is not None and self.start_pos is None:
+            return True
+        return self.end_pos is not None and (self.samples is not None or self.start_pos is not None)
 
 
 @dataclass(frozen=True)
 class QueuedMark:
     name: str
+
+    def reached(self, *, cleared: bool = False) -> SessionEvent:
+        return MarkReached(self.name, cleared=cleared)
+
+
+@dataclass(frozen=True)
+class QueuedFlush:
+    """A ``flush``: answered once everything queued before it was sent (or cleared)."""
+
+    flush_id: str | None
+
+    def reached(self, *, cleared: bool = False) -> SessionEvent:
+        return Flushed(self.flush_id)
+
+
+QueuedMarker = QueuedMark | QueuedFlush
 
 
 @dataclass
@@ -94,8 +122,11 @@ class Playback:
         self._boundaries = boundaries
         self.frame_bytes = frame_bytes
         self.max_items = max_items
-        self._queue: deque[QueuedUtterance | QueuedMark] = deque()
+        self._queue: deque[QueuedUtterance | QueuedMarker] = deque()
         self._by_seq: dict[int, QueuedUtterance] = {}
+        # Cancelled utterances whose audio the engine writes (or wrote) to the ring: read
+        # past it as it comes, or the ring fills and the engine stalls on this stream.
+        self._skipped: dict[int, QueuedUtterance] = {}
         self._cancels_outstanding = 0
         # Per-utterance figures of the last finished utterance (for metrics).
         self.finished: list[QueuedUtterance] = []
@@ -105,6 +136,11 @@ class Playback:
     @property
     def idle(self) -> bool:
         return not self._queue
+
+    @property
+    def skipping(self) -> bool:
+        """Audio of cancelled utterances is still to be read past."""
+        return bool(self._skipped)
 
     @property
     def full(self) -> bool:
@@ -123,19 +159,36 @@ class Playback:
     def enqueue_mark(self, name: str) -> None:
         self._queue.append(QueuedMark(name))
 
+    def enqueue_flush(self, flush_id: str | None) -> None:
+        self._queue.append(QueuedFlush(flush_id))
+
+    def seq_of(self, utterance_id: str) -> int | None:
+        """The ``seq`` of the queued utterance ``utterance_id``, if any."""
+        return next(
+            (
+                i.seq
+                for i in self._queue
+                if isinstance(i, QueuedUtterance) and i.utterance_id == utterance_id
+            ),
+            None,
+        )
+
     def pending_utterance_ids(self) -> list[str]:
         return [i.utterance_id for i in self._queue if isinstance(i, QueuedUtterance)]
 
     # --- engine events ----------------------------------------------------------------
 
+    def _item(self, seq: int) -> QueuedUtterance | None:
+        return self._by_seq.get(seq) or self._skipped.get(seq)
+
     def on_audio(self, seq: int, start_pos: int, now: float) -> None:
-        item = self._by_seq.get(seq)
+        item = self._item(seq)
         if item is not None and item.start_pos is None:
             item.start_pos = start_pos
             item.audio_ready_at = now
 
     def on_end(self, seq: int, start_pos: int, end_pos: int, samples: int) -> None:
-        item = self._by_seq.get(seq)
+        item = self._item(seq)
         if item is None:
             return
         if item.start_pos is None and end_pos > start_pos:
@@ -146,7 +199,7 @@ class Playback:
     def on_failed(
         self, seq: int, code: str, message: str, start_pos: int | None, end_pos: int | None
     ) -> None:
-        item = self._by_seq.get(seq)
+        item = self._item(seq)
         if item is None:
             return
         item.error = ErrorEvent(
@@ -168,21 +221,64 @@ class Playback:
             if isinstance(nxt, QueuedUtterance) and nxt.head_at is None:
                 nxt.head_at = item.head_at
 
+    def cancel(
+        self, utterance_id: str, frame_ms: int, *, in_engine: bool = True
+    ) -> tuple[int, list[SessionEvent]] | None:
+        """Drop one queued or playing utterance; None when no such utterance is queued.
+
+        Returns its ``seq`` and the events that end it: ``utterance_done`` with
+        ``cancelled`` and the audio sent of it so far. ``in_engine``: its text reached the
+        engine, which writes its audio to the ring regardless; that audio is read past as
+        it arrives, once no live utterance comes before it (:meth:`_skip_cancelled`).
+        """
+        item = next(
+            (
+                i
+                for i in self._queue
+                if isinstance(i, QueuedUtterance) and i.utterance_id == utterance_id
+            ),
+            None,
+        )
+        if item is None:
+            return None
+        was_head = self._queue[0] is item
+        self._queue.remove(item)
+        self._by_seq.pop(item.seq, None)
+        if in_engine and not (item.ended and item.start_pos is None):
+            self._skipped[item.seq] = item
+        if was_head and self._queue:
+            nxt = self._queue[0]
+            if isinstance(nxt, QueuedUtterance) and nxt.head_at is None:
+                nxt.head_at = item.head_at
+        first_audio_ms = None
+        if item.first_frame_at is not None:
+            since = max(item.head_at or item.requested_at, item.requested_at)
+            first_audio_ms = round((item.first_frame_at - since) * 1000)
+        done = UtteranceDone(
+            utterance_id=item.utterance_id,
+            audio_ms=item.frames_sent * frame_ms,
+            first_audio_ms=first_audio_ms,
+            cancelled=True,
+        )
+        return item.seq, [done]
+
     # --- clear (barge-in) ---------------------------------------------------------------
 
     def clear(self) -> list[SessionEvent]:
-        """Drop everything queued; marks are reported as cleared, in order.
+        """Drop everything queued; marks are reported as cleared (and flushes as done),
+        in order.
 
         Until :meth:`on_cancelled` reports where the cancelled audio ends, no frame is
         produced (the ring may still hold audio of dropped utterances).
         """
         events: list[SessionEvent] = [
-            MarkReached(item.name, cleared=True)
+            item.reached(cleared=True)
             for item in self._queue
-            if isinstance(item, QueuedMark)
+            if isinstance(item, QueuedMark | QueuedFlush)
         ]
         self._queue.clear()
         self._by_seq.clear()
+        self._skipped.clear()  # the engine's cancel confirms where all of it ends
         self._cancels_outstanding += 1
         return events
 
@@ -201,12 +297,14 @@ class Playback:
         if self._cancels_outstanding:
             result.status = FrameStatus.WAITING
             return result
+        if self._skipped:
+            self._skip_cancelled(ring)
         # Before the frame: marks, and utterances that finished without another frame.
         while self._queue:
             head = self._queue[0]
-            if isinstance(head, QueuedMark):
+            if isinstance(head, QueuedMark | QueuedFlush):
                 self._pop(now)
-                result.before.append(MarkReached(head.name))
+                result.before.append(head.reached())
                 continue
             status = self._frame_from(head, ring, now, result)
             if status is FrameStatus.IDLE:
@@ -222,10 +320,10 @@ class Playback:
         result.status = FrameStatus.FRAME
         if head.end_pos is not None and ring.read_pos >= head.end_pos:
             self._finish(head, now, result.after)
-            while self._queue and isinstance(self._queue[0], QueuedMark):
-                mark = self._queue[0]
+            while self._queue and isinstance(self._queue[0], QueuedMark | QueuedFlush):
+                marker = self._queue[0]
                 self._pop(now)
-                result.after.append(MarkReached(mark.name))
+                result.after.append(marker.reached())
         return result
 
     def _frame_from(
@@ -252,14 +350,40 @@ class Playback:
         if head.first_frame_at is None:
             head.first_frame_at = now
             result.before.append(UtteranceStarted(head.utterance_id))
+        head.frames_sent += 1
         result.frame = frame
         return FrameStatus.FRAME
+
+    def _skip_cancelled(self, ring: RingReader) -> None:
+        """Read past the audio of cancelled utterances that precede every live one in
+        the ring (the engine writes a stream's utterances in order). Until a cancelled
+        utterance's end is known, everything written belongs to it or to an earlier
+        cancelled one (the boundary protocol: ``write_pos`` is read before the
+        boundaries, see :mod:`engine.ipc.boundaries`)."""
+        live = [i for i in self._queue if isinstance(i, QueuedUtterance)]
+        first_live = min(live, key=lambda i: i.seq) if live else None
+        write_pos = ring.write_pos
+        self._drain_boundaries()
+        if first_live is not None and first_live.start_pos is not None:
+            write_pos = min(write_pos, first_live.start_pos)  # never past live audio
+        for seq in sorted(self._skipped):
+            if first_live is not None and seq > first_live.seq:
+                return  # its audio comes after a live utterance's
+            item = self._skipped[seq]
+            if item.end_pos is None:
+                ring.discard_until(max(ring.read_pos, write_pos))
+                return
+            if ring.read_pos < item.end_pos:
+                ring.discard_until(min(item.end_pos, write_pos))
+                if ring.read_pos < item.end_pos:
+                    return
+            del self._skipped[seq]
 
     def _drain_boundaries(self) -> None:
         if self._boundaries is None:
             return
         for seq, end_pos in self._boundaries.drain():
-            item = self._by_seq.get(seq)
+            item = self._item(seq)
             if item is not None and item.end_pos is None:
                 item.end_pos = end_pos
 

@@ -383,10 +383,41 @@ class Session:
             ErrorEvent(ErrorCode.QUEUE_TIMEOUT, "waited too long for the engine", utterance_id)
         )
 
-    def flush(self, utterance_id: str | None = None) -> None:
-        self._require_active()
+    def flush(self, utterance_id: str | None = None, *, flush_id: str | None = None) -> None:
+        """End the open utterance (``speak`` with ``flush: false``) so that it is spoken
+        now, and answer ``flushed`` (with ``flush_id``) once everything queued before
+        this flush was sent."""
+        _, playback = self._require_active()
         if self._open is not None and utterance_id in (None, self._open.utterance_id):
             self._finalize_open()
+        if playback.full:
+            raise SessionError(ErrorCode.QUEUE_FULL, "too many queued items")
+        playback.enqueue_flush(flush_id)
+        self._pacer.wake(self)
+
+    def cancel(self, utterance_id: str) -> None:
+        """Drop one queued or playing utterance, leaving the others: it ends with
+        ``utterance_done`` (``cancelled``). Raises ``unknown_utterance`` when no utterance
+        with that id is queued or playing."""
+        _, playback = self._require_active()
+        if self._open is not None and self._open.utterance_id == utterance_id:
+            self._finalize_open()  # the engine finishes its text; its audio is skipped
+        frame_ms = self.options.format.frame_ms if self.options is not None else 20
+        seq = playback.seq_of(utterance_id)
+        in_engine = seq is not None and not self._admission.holding(seq)
+        dropped = playback.cancel(utterance_id, frame_ms, in_engine=in_engine)
+        if dropped is None:
+            raise SessionError(
+                ErrorCode.UNKNOWN_UTTERANCE,
+                "no utterance with that id is queued or playing",
+                None,
+                utterance_id,
+            )
+        seq, events = dropped
+        self._admission.close(seq)
+        for event in events:
+            self._peer.send_event(event)
+        self._pacer.wake(self)
 
     def _finalize_open(self) -> None:
         if self._open is not None and self.stream is not None:
@@ -540,7 +571,7 @@ class Session:
         return (
             self.stream is not None
             and self.playback is not None
-            and not self.playback.idle
+            and (not self.playback.idle or self.playback.skipping)
             and self.state is not SessionState.CLOSED
             and not self.done.done()
         )

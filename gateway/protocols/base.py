@@ -29,7 +29,7 @@ import logging
 import time
 from typing import Any, ClassVar
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSMessage, WSMsgType, web
 
 from gateway.auth import AuthError, Principal
 from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError
@@ -209,17 +209,26 @@ class Connection(abc.ABC):
         session = self.session
         loop = asyncio.get_running_loop()
         start_deadline = loop.time() + self._state.settings.start_timeout_s
+        idle_s = self._state.settings.idle_timeout_s
+        msg: WSMessage | None
         while True:
             try:
-                if self.established:
-                    msg = await self._ws.receive()
-                else:  # one deadline for the whole start phase, pings and pongs included
+                if not self.established:  # one deadline for the whole start phase
                     async with asyncio.timeout_at(start_deadline):
                         msg = await self._ws.receive()
+                elif idle_s > 0:
+                    msg = await self._receive_before_idle(idle_s)
+                else:
+                    msg = await self._ws.receive()
             except TimeoutError:
                 self._error(
                     SessionError(ErrorCode.START_TIMEOUT, "no start in time", CloseCode.POLICY)
                 )
+                return
+            if msg is None:
+                self.peer_log.info("idle for %.0f s: closing", idle_s)
+                message = f"no message for {idle_s:.0f} s; send keepalive to stay connected"
+                self.session.fail(SessionError(ErrorCode.IDLE_TIMEOUT, message, CloseCode.NORMAL))
                 return
             try:
                 if msg.type is WSMsgType.TEXT:
@@ -236,6 +245,24 @@ class Connection(abc.ABC):
             if session.done.done():
                 return
             await self._wait_until_peer_reads()
+
+    async def _receive_before_idle(self, idle_s: float) -> WSMessage | None:
+        """The next message; None when the client sent none for ``idle_s`` while nothing
+        was playing (a long prompt is not idleness: the wait starts again)."""
+        while True:
+            try:
+                async with asyncio.timeout(idle_s):
+                    return await self._ws.receive()
+            except TimeoutError:
+                if not self.idle:
+                    continue
+                return None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is playing for this connection (telephony legs: never, the vendor
+        ends the call)."""
+        return not self.session.playing
 
     def _error(self, exc: SessionError) -> None:
         """Report ``exc``; before the session is established every error is fatal, and

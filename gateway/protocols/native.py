@@ -16,11 +16,13 @@ from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError
 from gateway.events import CallEnded, CallStarted, ErrorEvent, Ready, SessionEvent
 from gateway.protocols.base import Connection, serve
 from gateway.protocols.native_codec import (
+    CancelMsg,
     ClearMsg,
     ClientMessage,
     CloseMsg,
     FlushMsg,
     HangupMsg,
+    KeepaliveMsg,
     MarkMsg,
     SpeakMsg,
     StartMsg,
@@ -69,6 +71,11 @@ class NativeConnection(Connection):
         return self.session.started or self.call is not None
 
     @property
+    def idle(self) -> bool:
+        """Nothing plays on our session or on the call we are attached to."""
+        return not self.target.playing
+
+    @property
     def target(self) -> Session:
         """The session commands act on: the call's when attached, else our own."""
         return self.call.session if self.call is not None else self.session
@@ -99,6 +106,8 @@ class NativeConnection(Connection):
 
     async def _dispatch(self, message: ClientMessage) -> None:
         own = self.session
+        if isinstance(message, KeepaliveMsg):
+            return  # any message resets the idle timeout; this one does nothing else
         if isinstance(message, StartMsg):
             if own.state is not SessionState.AWAITING_START or self.call is not None:
                 raise ProtocolViolation(ErrorCode.ALREADY_STARTED, "start was already received")
@@ -128,7 +137,9 @@ class NativeConnection(Connection):
         if isinstance(message, SpeakMsg):
             session.speak(message.text, message.utterance_id, flush=message.flush)
         elif isinstance(message, FlushMsg):
-            session.flush(message.utterance_id)
+            session.flush(message.utterance_id, flush_id=message.flush_id)
+        elif isinstance(message, CancelMsg):
+            session.cancel(message.utterance_id)
         elif isinstance(message, ClearMsg):
             session.clear()
         elif isinstance(message, MarkMsg):

@@ -21,6 +21,7 @@ from gateway.events import (
     Cleared,
     Dtmf,
     ErrorEvent,
+    Flushed,
     MarkReached,
     Ready,
     SessionEvent,
@@ -56,6 +57,15 @@ class SpeakMsg(_Msg, tag="speak"):
 
 class FlushMsg(_Msg, tag="flush"):
     utterance_id: str | None = None
+    flush_id: str | None = None
+
+
+class CancelMsg(_Msg, tag="cancel"):
+    utterance_id: str
+
+
+class KeepaliveMsg(_Msg, tag="keepalive"):
+    pass
 
 
 class ClearMsg(_Msg, tag="clear"):
@@ -74,11 +84,23 @@ class HangupMsg(_Msg, tag="hangup"):
     pass
 
 
-ClientMessage = StartMsg | SpeakMsg | FlushMsg | ClearMsg | MarkMsg | CloseMsg | HangupMsg
+ClientMessage = (
+    StartMsg
+    | SpeakMsg
+    | FlushMsg
+    | CancelMsg
+    | KeepaliveMsg
+    | ClearMsg
+    | MarkMsg
+    | CloseMsg
+    | HangupMsg
+)
 _BY_TYPE: dict[str, type[ClientMessage]] = {
     "start": StartMsg,
     "speak": SpeakMsg,
     "flush": FlushMsg,
+    "cancel": CancelMsg,
+    "keepalive": KeepaliveMsg,
     "clear": ClearMsg,
     "mark": MarkMsg,
     "close": CloseMsg,
@@ -128,11 +150,16 @@ def _check_ranges(message: ClientMessage) -> None:
         raise ProtocolViolation(
             ErrorCode.INVALID_MESSAGE, "start: call must be 1 to 128 characters"
         )
-    utterance_id = message.utterance_id if isinstance(message, SpeakMsg | FlushMsg) else None
+    utterance_id = (
+        message.utterance_id if isinstance(message, SpeakMsg | FlushMsg | CancelMsg) else None
+    )
     if utterance_id is not None and not 0 < len(utterance_id) <= MAX_NAME_CHARS:
         raise ProtocolViolation(
             ErrorCode.INVALID_MESSAGE, "utterance_id must be 1 to 256 characters"
         )
+    flush_id = message.flush_id if isinstance(message, FlushMsg) else None
+    if flush_id is not None and not 0 < len(flush_id) <= MAX_NAME_CHARS:
+        raise ProtocolViolation(ErrorCode.INVALID_MESSAGE, "flush_id must be 1 to 256 characters")
 
 
 def encode_event(event: SessionEvent) -> str:
@@ -155,6 +182,10 @@ def encode_event(event: SessionEvent) -> str:
             "audio_ms": event.audio_ms,
             "first_audio_ms": event.first_audio_ms,
         }
+        if event.cancelled:
+            body["cancelled"] = True
+    elif isinstance(event, Flushed):
+        body = {"type": "flushed", "flush_id": event.flush_id}
     elif isinstance(event, MarkReached):
         body = {"type": "mark", "name": event.name, "cleared": event.cleared}
     elif isinstance(event, Cleared):

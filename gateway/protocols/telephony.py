@@ -65,6 +65,10 @@ class TelephonyLeg(CallLeg, Connection):
     def established(self) -> bool:
         return self.call is not None  # the vendor must start the call in time
 
+    @property
+    def idle(self) -> bool:
+        return False  # the vendor ends the call; a quiet caller is not an idle leg
+
     # --- Peer ---------------------------------------------------------------------------
 
     def send_audio(self, frame: bytes) -> None:

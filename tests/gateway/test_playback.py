@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 from engine.ipc.boundaries import BoundaryReader, BoundaryWriter
 from engine.ipc.ring import SpscRing
 from gateway.errors import ErrorCode
-from gateway.events import ErrorEvent, MarkReached, SessionEvent, UtteranceDone, UtteranceStarted
+from gateway.events import (
+    ErrorEvent,
+    Flushed,
+    MarkReached,
+    SessionEvent,
+    UtteranceDone,
+    UtteranceStarted,
+)
 from gateway.playback import FrameResult, FrameStatus, Playback
 
 RATE = 8000
@@ -672,3 +679,91 @@ def test_boundary_records_are_drained_even_when_the_end_is_already_known():
         items = drain(pb, ring)
         assert frames_of(items) == [data[:FRAME], data[FRAME:]]
         assert bnd.readable_bytes() == 0
+
+
+# --------------------------------------------------------------------- cancel, flush
+
+
+def test_cancelling_a_queued_utterance_skips_its_audio_and_keeps_the_others():
+    ring = make_ring()
+    pb = Playback(sample_rate=RATE, frame_bytes=FRAME)
+    for seq in (1, 2, 3):
+        pb.enqueue_utterance(seq, f"u{seq}", 0.0)
+    a1, a2, a3 = pcm(2 * FRAME, 1), pcm(3 * FRAME, 2), pcm(FRAME, 3)
+    speak(pb, ring, 1, a1)
+    speak(pb, ring, 2, a2)  # synthesized already: its audio sits in the ring
+    speak(pb, ring, 3, a3)
+    assert pb.cancel("u2", frame_ms=20) == (
+        2,
+        [UtteranceDone("u2", audio_ms=0, first_audio_ms=None, cancelled=True)],
+    )
+    assert frames_of(drain(pb, ring)) == [a1[:FRAME], a1[FRAME:], a3]
+    assert pb.cancel("u2", frame_ms=20) is None  # gone
+    assert pb.idle
+
+
+def test_cancelling_the_playing_utterance_stops_it_and_the_next_one_plays():
+    ring = make_ring()
+    pb = Playback(sample_rate=RATE, frame_bytes=FRAME)
+    pb.enqueue_utterance(1, "u1", 0.0)
+    pb.enqueue_mark("after-u1")
+    pb.enqueue_utterance(2, "u2", 0.0)
+    a1 = pcm(10 * FRAME, 1)
+    start = ring.write_pos
+    ring.write(a1[: 4 * FRAME])  # the engine is still writing u1
+    pb.on_audio(1, start, 0.0)
+    played = [pb.next_frame(ring, 0.1).frame for _ in range(2)]
+    assert played == [a1[:FRAME], a1[FRAME : 2 * FRAME]]
+    seq, events = pb.cancel("u1", frame_ms=20) or (0, [])
+    assert seq == 1
+    assert events == [UtteranceDone("u1", audio_ms=40, first_audio_ms=100, cancelled=True)]
+    ring.write(a1[4 * FRAME :])  # the engine finishes u1 regardless
+    assert events_of(drain(pb, ring)) == [MarkReached("after-u1")]  # then waits for u2
+    a2 = pcm(FRAME, 2)
+    speak(pb, ring, 2, a2)
+    assert frames_of(drain(pb, ring)) == [a2]  # nothing of u1's rest
+
+
+def test_a_flush_is_answered_after_what_precedes_it_and_by_a_clear():
+    ring = make_ring()
+    pb = Playback(sample_rate=RATE, frame_bytes=FRAME)
+    pb.enqueue_utterance(1, "u1", 0.0)
+    pb.enqueue_flush("f1")
+    a1 = pcm(FRAME, 1)
+    speak(pb, ring, 1, a1)
+    items = drain(pb, ring)
+    assert items[-2:] == [UtteranceDone("u1", audio_ms=20, first_audio_ms=0), Flushed("f1")]
+    pb.enqueue_utterance(2, "u2", 0.0)
+    pb.enqueue_flush(None)
+    pb.enqueue_mark("m")
+    assert pb.clear() == [Flushed(None), MarkReached("m", cleared=True)]
+
+
+def test_a_cancelled_utterance_is_read_past_as_the_engine_writes_it():
+    """The engine writes a cancelled utterance's audio regardless: it is read past as it
+    comes (else the ring fills and the engine stalls on this stream), and a boundary
+    record of the next utterance, visible before its first-audio message, does not end
+    that utterance early."""
+    ring = make_ring(8 * FRAME)  # smaller than the cancelled utterance
+    bnd = make_ring(64 * 16)
+    writer = BoundaryWriter(bnd)
+    pb = Playback(sample_rate=RATE, frame_bytes=FRAME, boundaries=BoundaryReader(bnd))
+    pb.enqueue_utterance(1, "long", 0.0)
+    pb.enqueue_utterance(2, "next", 0.0)
+    assert pb.cancel("long", frame_ms=20) is not None
+    long_audio = pcm(40 * FRAME, 1)
+    pb.on_audio(1, 0, 0.0)
+    written = 0
+    while written < len(long_audio):  # the engine writes what fits; the gateway reads past
+        written += ring.write(long_audio[written : written + 4 * FRAME])
+        assert drain(pb, ring) == [] and pb.skipping
+    assert writer.append(1, ring.write_pos)
+    nxt = pcm(2 * FRAME, 2)
+    start = ring.write_pos
+    ring.write(nxt)
+    assert writer.append(2, ring.write_pos)  # visible before on_audio(2)
+    assert drain(pb, ring) == []  # waits for "next"'s first audio; not ended early
+    pb.on_audio(2, start, 0.0)
+    pb.on_end(2, start, ring.write_pos, len(nxt) // 2)
+    assert frames_of(drain(pb, ring)) == [nxt[:FRAME], nxt[FRAME:]]
+    assert not pb.skipping

@@ -12,6 +12,7 @@ from gateway.events import (
     BargeIn,
     Cleared,
     ErrorEvent,
+    Flushed,
     MarkReached,
     Ready,
     SessionEvent,
@@ -20,9 +21,11 @@ from gateway.events import (
 )
 from gateway.formats import FORMATS
 from gateway.protocols.native_codec import (
+    CancelMsg,
     ClearMsg,
     CloseMsg,
     FlushMsg,
+    KeepaliveMsg,
     MarkMsg,
     SpeakMsg,
     StartMsg,
@@ -97,6 +100,12 @@ def test_flush_clear_mark_close():
     assert decode({"type": "close"}) == CloseMsg()
 
 
+def test_cancel_keepalive_and_a_flush_id():
+    assert decode({"type": "cancel", "utterance_id": "u7"}) == CancelMsg(utterance_id="u7")
+    assert decode({"type": "keepalive"}) == KeepaliveMsg()
+    assert decode({"type": "flush", "flush_id": "f1"}) == FlushMsg(flush_id="f1")
+
+
 def test_bytes_input_is_accepted():
     assert decode_client_message(b'{"type":"clear"}') == ClearMsg()
 
@@ -153,6 +162,12 @@ def test_missing_or_unknown_type(obj: dict[str, Any]):
         {"type": "mark", "name": "m" * 257},
         {"type": "mark"},
         {"type": "flush", "utterance_id": ""},
+        {"type": "flush", "flush_id": ""},
+        {"type": "flush", "flush_id": "f" * 257},
+        {"type": "flush", "flush_id": 3},
+        {"type": "cancel"},
+        {"type": "cancel", "utterance_id": ""},
+        {"type": "cancel", "utterance_id": 12},
     ],
 )
 def test_invalid_message(obj: dict[str, Any]):
@@ -206,6 +221,18 @@ def test_encode_utterance_done():
         "audio_ms": 0,
         "first_audio_ms": None,
     }
+
+
+def test_encode_a_cancelled_utterance_and_flushed():
+    assert wire(UtteranceDone("u3", 420, 90, cancelled=True)) == {
+        "type": "utterance_done",
+        "utterance_id": "u3",
+        "audio_ms": 420,
+        "first_audio_ms": 90,
+        "cancelled": True,
+    }
+    assert wire(Flushed("f1")) == {"type": "flushed", "flush_id": "f1"}
+    assert encode_event(Flushed(None)) == '{"type":"flushed","flush_id":null}'
 
 
 def test_encode_mark():
