@@ -19,7 +19,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from gateway import logs
-from gateway.app import SIP_BRIDGE_KEY, RedactingAccessLogger, create_app
+from gateway.app import AUDIOSOCKET_KEY, SIP_BRIDGE_KEY, RedactingAccessLogger, create_app
 from gateway.auth import AuthConfigError, mint_token
 from gateway.config import ConfigError, GatewaySettings
 from gateway.listener import GuardedSite
@@ -113,6 +113,10 @@ def _serve(args: argparse.Namespace) -> int:
         if bridge is not None:
             address = f"{bridge.settings.public_addr}:{bridge.port}"
             print(f"  SIP       : sip:ivr@{address} (UDP; the demo IVR)", flush=True)
+        listener = _app.get(AUDIOSOCKET_KEY)
+        if listener is not None:
+            address = f"{listener.settings.listen[0]}:{listener.port}"
+            print(f"  AudioSocket: {address} (TCP, for Asterisk's AudioSocket)", flush=True)
 
     asyncio.run(_serve_until_signalled(app, settings, lambda: announce(app)))
     return 0

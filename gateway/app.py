@@ -11,6 +11,7 @@ from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway import speech_api
+from gateway.audiosocket.listener import AudioSocketListener
 from gateway.auth import TokenVerifier, redact_query
 from gateway.config import GatewaySettings
 from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
@@ -42,6 +43,7 @@ class RedactingAccessLogger(AbstractAccessLogger):
 
 
 SIP_BRIDGE_KEY = web.AppKey("sip_bridge", SipBridge)  # present when the bridge is on
+AUDIOSOCKET_KEY = web.AppKey("audiosocket", AudioSocketListener)  # present when it is on
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
@@ -118,6 +120,10 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
     if settings.sip is not None:
         sip_bridge = SipBridge(state, settings.sip, load_routes(settings.sip.routes_path))
         app[SIP_BRIDGE_KEY] = sip_bridge
+    audiosocket = None
+    if settings.audiosocket is not None:
+        audiosocket = AudioSocketListener(state, settings.audiosocket)
+        app[AUDIOSOCKET_KEY] = audiosocket
     upload_workers = UploadWorkers(settings.upload_workers)  # processes start at 1st upload
     app[voices_api.UPLOAD_WORKERS_KEY] = upload_workers
 
@@ -128,9 +134,13 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
         await supervisor.start()
         if sip_bridge is not None:
             await sip_bridge.start()
+        if audiosocket is not None:
+            await audiosocket.start()
         yield
         if sip_bridge is not None:
             await sip_bridge.stop()
+        if audiosocket is not None:
+            await audiosocket.stop()
         await state.connections.close()
         await state.limits.stop()
         await supervisor.stop()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from engine.ipc.env import ConfigError, env_int
 from gateway.admission import AdmissionSettings
+from gateway.audiosocket.config import AudioSocketSettings
 from gateway.auth import AuthSettings
 from gateway.session import SessionLimits
 from gateway.sip.config import SipSettings
@@ -70,6 +71,7 @@ class GatewaySettings:
     upload_workers: int = 1  # processes that decode and normalize uploads
     upload_timeout_s: float = 60.0  # to receive a whole upload body
     sip: SipSettings | None = None  # the SIP bridge (GATEWAY_SIP_LISTEN); None: off
+    audiosocket: AudioSocketSettings | None = None  # GATEWAY_AUDIOSOCKET_LISTEN; None: off
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
@@ -120,4 +122,5 @@ class GatewaySettings:
             lease_renew_s=env_int(env, "GATEWAY_LEASE_RENEW_MS", 3000, minimum=50) / 1000,
             lease_policy=_policy(env.get("GATEWAY_LEASE_POLICY") or "fail-open"),
             sip=SipSettings.from_env(env),
+            audiosocket=AudioSocketSettings.from_env(env),
         )

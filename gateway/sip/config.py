@@ -53,8 +53,11 @@ def parse_host_port(value: str, name: str) -> tuple[str, int]:
     return host, port
 
 
-def parse_allow(value: str) -> tuple[TrustedNetwork, ...]:
-    """``CIDR[=TENANT],...`` -> trusted networks, most specific first."""
+def parse_allow(
+    value: str, *, setting: str = "GATEWAY_SIP_ALLOW", default_tenant: str = DEFAULT_TENANT
+) -> tuple[TrustedNetwork, ...]:
+    """``CIDR[=TENANT],...`` -> trusted networks, most specific first. ``setting`` names
+    the variable in errors; ``default_tenant`` is the tenant of a network naming none."""
     networks: list[TrustedNetwork] = []
     for item in value.split(","):
         item = item.strip()
@@ -64,10 +67,10 @@ def parse_allow(value: str) -> tuple[TrustedNetwork, ...]:
         try:
             network = ipaddress.ip_network(cidr.strip(), strict=False)
         except ValueError:
-            raise ConfigError(f"GATEWAY_SIP_ALLOW: {cidr!r} is not a network") from None
-        tenant = tenant.strip() or DEFAULT_TENANT
+            raise ConfigError(f"{setting}: {cidr!r} is not a network") from None
+        tenant = tenant.strip() or default_tenant
         if not tenant.isprintable() or " " in tenant or len(tenant) > 128:
-            raise ConfigError(f"GATEWAY_SIP_ALLOW: bad tenant name {tenant[:64]!r}")
+            raise ConfigError(f"{setting}: bad tenant name {tenant[:64]!r}")
         networks.append(TrustedNetwork(network, tenant))
     return tuple(sorted(networks, key=lambda n: n.network.prefixlen, reverse=True))
 
