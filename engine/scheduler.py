@@ -159,6 +159,7 @@ class _Speak:
     utterance: int
     text: str
     final: bool
+    release: bool = False
 
 
 @dataclass(frozen=True)
@@ -321,8 +322,10 @@ class Scheduler:
         self._generations[slot] = self._generations.get(slot, 0) + 1
         self._commands.put(_Open(stream))
 
-    def speak(self, slot: int, utterance: int, text: str, final: bool) -> None:
-        self._commands.put(_Speak(slot, utterance, text, final))
+    def speak(
+        self, slot: int, utterance: int, text: str, final: bool, release: bool = False
+    ) -> None:
+        self._commands.put(_Speak(slot, utterance, text, final, release))
 
     def cancel(self, slot: int) -> None:
         self._generations[slot] = self._generations.get(slot, 0) + 1
@@ -450,6 +453,8 @@ class Scheduler:
         if command.final:
             utterance.segments.extend(utterance.splitter.flush())
             utterance.final = True
+        elif command.release:
+            utterance.segments.extend(utterance.splitter.release())
 
     def _drop_work(self, command: _Cancel) -> None:
         stream = self._streams.get(command.slot)

@@ -180,7 +180,9 @@ class _Connection(asyncio.Protocol):
         elif isinstance(message, Speak):
             slot = self.streams.get(message.stream_id)
             if slot is not None:
-                server.scheduler.speak(slot, message.utterance, message.text, message.final)
+                server.scheduler.speak(
+                    slot, message.utterance, message.text, message.final, message.release
+                )
         elif isinstance(message, Cancel):
             slot = self.streams.get(message.stream_id)
             if slot is not None:

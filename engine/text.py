@@ -366,6 +366,19 @@ class SegmentSplitter:
     def flush(self) -> list[str]:
         return self._split(final=True)
 
+    def release(self) -> list[str]:
+        """What is buffered up to its last whitespace, as segments now, though no clause
+        has ended (a token stream that stalled: speak what is complete rather than wait
+        for punctuation). The unfinished last word stays buffered; more text may follow."""
+        text = self._pending
+        cut = max(text.rfind(" "), text.rfind("\n"), text.rfind("\t"))
+        if cut <= 0:
+            return []
+        self._pending = text[:cut]
+        segments = self._split(final=True)
+        self._pending = text[cut:].lstrip()
+        return segments
+
     def _split(self, *, final: bool) -> list[str]:
         text = self._pending
         written: list[str] = []

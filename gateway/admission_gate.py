@@ -112,7 +112,7 @@ class UtteranceAdmission:
     """One session's utterances at the gate: a ticket per utterance, and the text of an
     utterance held here while its ticket waits in the gate's queue.
 
-    ``send(seq, text, final)`` forwards text to the engine; ``expired(seq)`` tells the
+    ``send(seq, text, final, release)`` forwards text to the engine; ``expired(seq)`` tells the
     session that a queued utterance waited too long (its held text is already dropped).
     Without a gate (``gate`` None) every utterance is admitted at once.
     """
@@ -121,14 +121,14 @@ class UtteranceAdmission:
         self,
         gate: AdmissionGate | None,
         *,
-        send: Callable[[int, str, bool], None],
+        send: Callable[[int, str, bool, bool], None],
         expired: Callable[[int, str], None],
     ) -> None:
         self._gate = gate
         self._send = send
         self._expired = expired
         self._tickets: dict[int, Ticket] = {}
-        self._held: dict[int, list[tuple[str, bool]]] = {}
+        self._held: dict[int, list[tuple[str, bool, bool]]] = {}
 
     def admit(self, seq: int, utterance_id: str) -> None:
         """Ask the gate for utterance ``seq``; raises :class:`QueueFull`."""
@@ -141,13 +141,13 @@ class UtteranceAdmission:
             self._held[seq] = []
         self._tickets[seq] = ticket
 
-    def send(self, seq: int, text: str, final: bool) -> None:
+    def send(self, seq: int, text: str, final: bool, release: bool = False) -> None:
         """Text for ``seq``: to the engine, or held while ``seq`` waits at the gate."""
         held = self._held.get(seq)
         if held is not None:
-            held.append((text, final))
+            held.append((text, final, release))
         else:
-            self._send(seq, text, final)
+            self._send(seq, text, final, release)
 
     def holding(self, seq: int) -> bool:
         """``seq`` waits at the gate: none of its text reached the engine."""
@@ -176,8 +176,8 @@ class UtteranceAdmission:
         self._held.clear()
 
     def _release(self, seq: int) -> None:
-        for text, final in self._held.pop(seq, None) or ():
-            self._send(seq, text, final)
+        for text, final, release in self._held.pop(seq, None) or ():
+            self._send(seq, text, final, release)
 
     def _expire(self, seq: int, utterance_id: str) -> None:
         self._held.pop(seq, None)

@@ -97,6 +97,9 @@ class SessionLimits:
     retry_after_ms: int = 2000
 
 
+DEFAULT_MAX_BUFFER_DELAY_MS = 3000
+
+
 @dataclass(frozen=True)
 class StartOptions:
     voice: str
@@ -107,6 +110,9 @@ class StartOptions:
     input_format: AudioFormat | None = None
     barge_in: bool = False
     voice_profile: bytes | None = None  # a registered voice's features
+    #: ``speak`` with ``flush: false`` (streamed LLM tokens): text waits for a clause to
+    #: end, at most this long, then what is complete is spoken (0: at once).
+    max_buffer_delay_ms: int = DEFAULT_MAX_BUFFER_DELAY_MS
 
 
 @dataclass
@@ -158,6 +164,7 @@ class Session:
         self._seq = itertools.count(1)
         self._auto_ids = itertools.count(1)
         self._open: _OpenUtterance | None = None
+        self._release_timer: asyncio.TimerHandle | None = None  # max_buffer_delay_ms
         self._admission = UtteranceAdmission(
             gate, send=self._to_engine, expired=self._queue_timeout
         )
@@ -355,6 +362,10 @@ class Session:
         target.chars += len(text)
         self._admission.send(target.seq, text, flush)
         self._open = None if flush else target
+        if flush:
+            self._stop_buffer_deadline()
+        elif text:
+            self._buffer_deadline(target.seq)
         return target.utterance_id
 
     def _admit(self, seq: int, utterance_id: str) -> None:
@@ -367,9 +378,29 @@ class Session:
                 ErrorCode.OVERLOADED, "the gateway's admission queue is full", None, utterance_id
             ) from None
 
-    def _to_engine(self, seq: int, text: str, final: bool) -> None:
+    def _to_engine(self, seq: int, text: str, final: bool, release: bool = False) -> None:
         if self.stream is not None and self.state is not SessionState.CLOSED:
-            self.stream.speak(seq, text, final=final)
+            self.stream.speak(seq, text, final=final, release=release)
+
+    def _buffer_deadline(self, seq: int) -> None:
+        """Open utterance ``seq`` got text that may wait for a clause end: bound the wait
+        (``max_buffer_delay_ms``)."""
+        delay_ms = self.options.max_buffer_delay_ms if self.options is not None else 0
+        if delay_ms <= 0:
+            self._admission.send(seq, "", False, True)
+        elif self._release_timer is None:
+            loop = asyncio.get_running_loop()
+            self._release_timer = loop.call_later(delay_ms / 1000, self._release_buffered)
+
+    def _release_buffered(self) -> None:
+        self._release_timer = None
+        if self._open is not None and self.state is SessionState.ACTIVE:
+            self._admission.send(self._open.seq, "", False, True)
+
+    def _stop_buffer_deadline(self) -> None:
+        if self._release_timer is not None:
+            self._release_timer.cancel()
+            self._release_timer = None
 
     def _queue_timeout(self, seq: int, utterance_id: str) -> None:
         """Utterance ``seq`` waited too long at the admission gate: drop it."""
@@ -420,6 +451,7 @@ class Session:
         self._pacer.wake(self)
 
     def _finalize_open(self) -> None:
+        self._stop_buffer_deadline()
         if self._open is not None and self.stream is not None:
             self._admission.send(self._open.seq, "", True)
         self._open = None
@@ -446,6 +478,7 @@ class Session:
         if stream is None or playback is None:
             return
         self._open = None
+        self._stop_buffer_deadline()
         self._admission.close_all()
         self._peer.on_interrupt()  # e.g. a telephony leg flushes its vendor's buffer first
         for event in playback.clear():
@@ -634,6 +667,7 @@ class Session:
         """Release everything; safe to call more than once, and whatever fails on the way
         (a store or engine error) the rest is still released."""
         self._pacer.discard(self)
+        self._stop_buffer_deadline()
         self._admission.close_all()
         if self.state is not SessionState.CLOSED:
             self._transition(SessionState.CLOSED, reason)

@@ -93,9 +93,15 @@ class EngineStream:
         self._cancel_waiters: list[asyncio.Future[int]] = []
         self._close_waiter: asyncio.Future[None] | None = None
 
-    def speak(self, utterance: int, text: str, *, final: bool) -> None:
+    def speak(self, utterance: int, text: str, *, final: bool, release: bool = False) -> None:
         self.client.send(
-            Speak(stream_id=self.stream_id, utterance=utterance, text=text, final=final)
+            Speak(
+                stream_id=self.stream_id,
+                utterance=utterance,
+                text=text,
+                final=final,
+                release=release,
+            )
         )
 
     def request_cancel(self, timeout: float = 2.0) -> asyncio.Future[int]:

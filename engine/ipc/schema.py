@@ -66,12 +66,15 @@ class OpenStream(Message):
 
 
 class Speak(Message):
-    """Text for utterance ``utterance``; ``final`` means no more text follows for it."""
+    """Text for utterance ``utterance``; ``final`` means no more text follows for it;
+    ``release`` (not final): synthesize what is buffered up to its last word boundary
+    now, without waiting for a clause to end (``start.max_buffer_delay_ms``)."""
 
     stream_id: int
     utterance: int
     text: str
     final: bool = True
+    release: bool = False
 
 
 class Cancel(Message):

@@ -29,9 +29,10 @@ from gateway.events import (
     UtteranceStarted,
 )
 from gateway.formats import FORMATS, INPUT_FORMATS
-from gateway.session import StartOptions
+from gateway.session import DEFAULT_MAX_BUFFER_DELAY_MS, StartOptions
 
 MAX_NAME_CHARS = 256
+MAX_BUFFER_DELAY_MS = 5000
 
 
 class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=False):
@@ -47,6 +48,7 @@ class StartMsg(_Msg, tag="start"):
     input_format: str | None = None
     barge_in: bool | None = None
     call: str | None = None  # attach to a telephony call instead of opening a stream
+    max_buffer_delay_ms: int | None = None
 
 
 class SpeakMsg(_Msg, tag="speak"):
@@ -140,6 +142,12 @@ def _check_ranges(message: ClientMessage) -> None:
     if isinstance(message, StartMsg) and not 0.25 <= message.speed <= 4.0:
         raise ProtocolViolation(
             ErrorCode.INVALID_MESSAGE, "start: speed must be between 0.25 and 4"
+        )
+    delay = message.max_buffer_delay_ms if isinstance(message, StartMsg) else None
+    if delay is not None and not 0 <= delay <= MAX_BUFFER_DELAY_MS:
+        raise ProtocolViolation(
+            ErrorCode.INVALID_MESSAGE,
+            f"start: max_buffer_delay_ms must be from 0 to {MAX_BUFFER_DELAY_MS}",
         )
     if isinstance(message, StartMsg) and message.call is None and message.voice is None:
         raise ProtocolViolation(ErrorCode.INVALID_MESSAGE, "start: voice is required (or call)")
@@ -251,4 +259,9 @@ def start_options(message: StartMsg) -> StartOptions:
         pacing=message.pacing,
         input_format=input_fmt,
         barge_in=message.barge_in if message.barge_in is not None else input_fmt is not None,
+        max_buffer_delay_ms=(
+            message.max_buffer_delay_ms
+            if message.max_buffer_delay_ms is not None
+            else DEFAULT_MAX_BUFFER_DELAY_MS
+        ),
     )

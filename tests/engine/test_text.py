@@ -770,3 +770,20 @@ def test_random_chunking_matches_feeding_at_once_in_every_language(text, languag
 def test_arbitrary_text_never_raises_in_any_language(text, language):
     segments = split_at_once(text, language=language)
     assert all(any(ch.isalnum() for ch in s) and len(s) <= 200 for s in segments)
+
+
+def test_release_speaks_the_complete_words_of_a_stalled_stream_and_keeps_the_last() -> None:
+    """``max_buffer_delay_ms``: a token stream that stalls mid-clause has its complete
+    words spoken now; the unfinished word waits for the rest of it."""
+    splitter = SegmentSplitter()
+    assert splitter.feed("So what I would really like to do is book a flight to New Yo") == [
+        "So what I would really like to do"
+    ]
+    assert splitter.release() == ["is book a flight to New"]
+    assert splitter.feed("rk tomorrow morning") == []
+    assert splitter.release() == ["York tomorrow"]
+    assert splitter.feed(" please.") == []
+    assert splitter.flush() == ["morning please."]
+    one_word = SegmentSplitter()
+    assert one_word.feed("Hello") == [] and one_word.release() == []  # nothing complete
+    assert one_word.feed(" there.") == [] and one_word.flush() == ["Hello there."]

@@ -98,7 +98,7 @@ class FakeStream:
         self.closed = 0
         self._answers: set[asyncio.Task[None]] = set()
 
-    def speak(self, utterance: int, text: str, *, final: bool) -> None:
+    def speak(self, utterance: int, text: str, *, final: bool, release: bool = False) -> None:
         self.speaks.append((utterance, text, final))
 
     def request_cancel(self, timeout: float = 2.0) -> asyncio.Future[int]:

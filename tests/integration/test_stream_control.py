@@ -121,3 +121,29 @@ async def test_an_idle_session_is_closed_and_keepalive_or_playing_audio_keep_it(
     assert done["audio_ms"] > IDLE_S * 1000 and not speaking.closed.done()
     await speaking.wait_closed(IDLE_S + 3)  # idle once the prompt ended
     assert speaking.got.of_type("error")[0]["code"] == "idle_timeout"
+
+
+async def test_streamed_text_waits_for_a_clause_at_most_max_buffer_delay_ms(
+    connect: Connect,
+) -> None:
+    quick, patient = await connect(), await connect()
+    await quick.start(fmt="mulaw_8000", max_buffer_delay_ms=300)
+    await patient.start(fmt="mulaw_8000", max_buffer_delay_ms=5000)
+    sent = {}
+    for client in (quick, patient):  # LLM tokens that stall mid-clause
+        for token in ("Your ", "order ", "number ", "is ", "four ", "two"):
+            sent[id(client)] = await client.send(type="speak", text=token, flush=False)
+    started = await quick.wait_event("utterance_started", timeout=5)
+    delay = next(t for t, e in quick.got.events if e is started) - sent[id(quick)]
+    assert 0.25 <= delay <= 1.5, delay  # released after 300 ms, not at the clause end
+    await asyncio.sleep(1.5)
+    assert patient.got.of_type("utterance_started") == []  # still waiting for a clause
+    for client in (quick, patient):
+        await client.send(type="speak", text=" seven.", flush=True)
+    for client in (quick, patient):
+        done = await client.wait_event("utterance_done", timeout=15)
+        assert done["audio_ms"] > 1000
+    too_long = await connect()
+    await too_long.send(type="start", voice="en-us", format="mulaw_8000", max_buffer_delay_ms=9000)
+    assert (await too_long.wait_event("error"))["code"] == "invalid_message"
+    assert await too_long.wait_closed() == 1008

@@ -104,7 +104,7 @@ class FakeStream:
         self.boundaries = SpscRing.create(bytearray(SpscRing.region_size(4096)), 4096)
         self.closed = 0
 
-    def speak(self, utterance: int, text: str, *, final: bool) -> None:
+    def speak(self, utterance: int, text: str, *, final: bool, release: bool = False) -> None:
         pass
 
     def request_cancel(self, timeout: float = 2.0) -> asyncio.Future[int]:

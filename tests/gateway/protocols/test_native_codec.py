@@ -165,6 +165,8 @@ def test_missing_or_unknown_type(obj: dict[str, Any]):
         {"type": "flush", "flush_id": ""},
         {"type": "flush", "flush_id": "f" * 257},
         {"type": "flush", "flush_id": 3},
+        {"type": "start", "voice": "v", "max_buffer_delay_ms": 5001},
+        {"type": "start", "voice": "v", "max_buffer_delay_ms": -1},
         {"type": "cancel"},
         {"type": "cancel", "utterance_id": ""},
         {"type": "cancel", "utterance_id": 12},
