@@ -12,10 +12,13 @@ when an utterance's last frame went out, how to hang up.
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
 from typing import ClassVar
+
+from prometheus_client import Gauge
 
 from gateway.calls import Call, CallIdInUse
 from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError
@@ -173,3 +176,44 @@ class CallLeg(abc.ABC):
             self._state.calls.unregister(call)
             call.publish(CallEnded(call.call_id, reason))
             log.info("%s call %s ended", self.protocol, call.call_id)
+
+
+class StandaloneLeg(CallLeg):
+    """A leg that no WebSocket connection carries (a SIP dialog with its RTP, an
+    AudioSocket TCP stream): it runs its own lifecycle, counted and tracked for the drain
+    like a connection, and always tears down whatever :meth:`_serve` raised."""
+
+    @property
+    @abc.abstractmethod
+    def established(self) -> bool:
+        """Past the start phase (for the drain: a call in progress may finish)."""
+
+    @property
+    @abc.abstractmethod
+    def calls_active(self) -> Gauge:
+        """The leg kind's gauge of calls in progress (incremented here; the teardown
+        decrements it)."""
+
+    @abc.abstractmethod
+    async def _serve(self) -> None:
+        """Serve the call until it ends."""
+
+    @abc.abstractmethod
+    async def _teardown(self) -> None:
+        """Release the call, the session and the transport; untrack and uncount."""
+
+    async def run(self) -> None:
+        """Serve the call until it ends; always releases everything it holds. The
+        teardown runs as a task of its own, shielded: a cancelled handler still
+        releases (the worker's connections own the task until it ends)."""
+        state = self._state
+        state.connections.track(self)
+        state.metrics.sessions_active.labels(protocol=self.protocol).inc()
+        state.metrics.sessions_total.labels(protocol=self.protocol).inc()
+        self.calls_active.inc()
+        try:
+            await self._serve()
+        finally:
+            teardown = asyncio.ensure_future(self._teardown())
+            state.connections.own(teardown)
+            await asyncio.shield(teardown)

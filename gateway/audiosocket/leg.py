@@ -46,9 +46,11 @@ import logging
 import time
 from typing import Any, ClassVar
 
+from prometheus_client import Gauge
+
 from gateway.audiosocket.config import AudioSocketSettings
 from gateway.audiosocket.metrics import AudioSocketMetrics
-from gateway.call_leg import CallLeg
+from gateway.call_leg import StandaloneLeg
 from gateway.errors import CloseCode, ProtocolViolation, SessionError, vendor_code
 from gateway.events import MarkReached
 from gateway.peer_log import PeerLog
@@ -89,7 +91,7 @@ def vendor_error(exc: AudioSocketError) -> ProtocolViolation:
     return ProtocolViolation(vendor_code(PROTOCOL, exc.code), exc.message, CloseCode.POLICY)
 
 
-class AudioSocketLeg(CallLeg):
+class AudioSocketLeg(StandaloneLeg):
     protocol: ClassVar[str] = PROTOCOL
 
     def __init__(
@@ -163,19 +165,9 @@ class AudioSocketLeg(CallLeg):
 
     # --- lifecycle --------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Serve the call until it ends; always releases everything it holds."""
-        state = self._state
-        state.connections.track(self)
-        state.metrics.sessions_active.labels(protocol=self.protocol).inc()
-        state.metrics.sessions_total.labels(protocol=self.protocol).inc()
-        self._metrics.calls_active.inc()
-        try:
-            await self._serve()
-        finally:
-            teardown = asyncio.ensure_future(self._teardown())
-            state.connections.own(teardown)
-            await asyncio.shield(teardown)
+    @property
+    def calls_active(self) -> Gauge:
+        return self._metrics.calls_active
 
     async def _serve(self) -> None:
         receiver = asyncio.ensure_future(self._receive())

@@ -31,7 +31,9 @@ import random
 import time
 from typing import Any, ClassVar, Protocol
 
-from gateway.call_leg import CallLeg
+from prometheus_client import Gauge
+
+from gateway.call_leg import StandaloneLeg
 from gateway.errors import ErrorCode, SessionError
 from gateway.events import MarkReached
 from gateway.peer_log import PeerLog
@@ -93,7 +95,7 @@ def status_for(error: SessionError) -> int:
     return 503 if error.code in TRY_ELSEWHERE else 500
 
 
-class SipLeg(CallLeg):
+class SipLeg(StandaloneLeg):
     protocol: ClassVar[str] = "sip"
 
     def __init__(
@@ -278,19 +280,9 @@ class SipLeg(CallLeg):
 
     # --- lifecycle --------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Serve the call until it ends; always releases everything it holds."""
-        state = self._state
-        state.connections.track(self)
-        state.metrics.sessions_active.labels(protocol=self.protocol).inc()
-        state.metrics.sessions_total.labels(protocol=self.protocol).inc()
-        self._metrics.calls_active.inc()
-        try:
-            await self._serve()
-        finally:
-            teardown = asyncio.ensure_future(self._teardown())
-            state.connections.own(teardown)
-            await asyncio.shield(teardown)
+    @property
+    def calls_active(self) -> Gauge:
+        return self._metrics.calls_active
 
     async def _serve(self) -> None:
         starting = asyncio.ensure_future(self._start())

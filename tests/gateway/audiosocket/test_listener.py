@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from engine.ipc.client import EngineUnavailable
-from engine.ipc.ring import SpscRing
 from gateway.audiosocket.config import AudioSocketSettings
 from gateway.audiosocket.leg import AudioSocketLeg
 from gateway.audiosocket.listener import AudioSocketListener
@@ -32,6 +31,7 @@ from gateway.session import SessionState
 from gateway.sip.config import parse_allow
 from gateway.state import GatewayState
 from gateway.voices.store import FileVoiceStore
+from tests.gateway.fake_engine_stream import FakeStream
 
 SECRET = "audiosocket-listener-secret-0123456789abcdef"
 SILENCE_8K = b"\x10\x01\x40" + bytes(320)  # one 20 ms audio message at 8 kHz
@@ -50,25 +50,6 @@ async def eventually(condition: Callable[[], bool], timeout: float = 2.0) -> Non
 
 
 # --------------------------------------------------------------------------- fakes
-
-
-class FakeStream:
-    def __init__(self) -> None:
-        self.outbound = SpscRing.create(bytearray(SpscRing.region_size(65536)), 65536)
-        self.inbound = SpscRing.create(bytearray(SpscRing.region_size(65536)), 65536)
-        self.boundaries = SpscRing.create(bytearray(SpscRing.region_size(4096)), 4096)
-        self.closed = 0
-
-    def speak(self, utterance: int, text: str, *, final: bool, release: bool = False) -> None:
-        pass
-
-    def request_cancel(self, timeout: float = 2.0) -> asyncio.Future[int]:
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        future.set_result(self.outbound.write_pos)
-        return future
-
-    async def close(self, timeout: float = 2.0) -> None:
-        self.closed += 1
 
 
 class FakeEngine:

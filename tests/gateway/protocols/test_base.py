@@ -14,10 +14,10 @@ from gateway.connections import shutting_down
 from gateway.protocols.native import NativeConnection
 from gateway.session import Session, SessionState
 from gateway.wsframe import FrameWriter
+from tests.gateway.fake_engine_stream import FakeStream
 from tests.gateway.protocols.test_connection_fuzz import (
     SECRET,
     FakeEngine,
-    FakeStream,
     FakeTransport,
     make_state,
 )

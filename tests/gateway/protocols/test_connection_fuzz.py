@@ -29,7 +29,6 @@ from aiohttp import WSMessage, WSMsgType
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.ipc.ring import SpscRing
 from gateway.auth import AuthSettings, mint_token
 from gateway.config import GatewaySettings
 from gateway.errors import CloseCode
@@ -41,6 +40,7 @@ from gateway.session import Session, SessionState
 from gateway.state import GatewayState
 from gateway.voices.store import FileVoiceStore
 from gateway.wsframe import FrameWriter
+from tests.gateway.fake_engine_stream import FakeStream
 
 SECRET = "connection-fuzz-secret-0123456789abcdefghij"
 BOOM = "__boom__"  # text that makes the session's speak() raise an unexpected error
@@ -95,25 +95,6 @@ class FakeWebSocket:
             self.closed = True
             self.close_code = code
         return True
-
-
-class FakeStream:
-    def __init__(self) -> None:
-        self.outbound = SpscRing.create(bytearray(SpscRing.region_size(65536)), 65536)
-        self.inbound = SpscRing.create(bytearray(SpscRing.region_size(65536)), 65536)
-        self.boundaries = SpscRing.create(bytearray(SpscRing.region_size(4096)), 4096)
-        self.closed = 0
-
-    def speak(self, utterance: int, text: str, *, final: bool, release: bool = False) -> None:
-        pass
-
-    def request_cancel(self, timeout: float = 2.0) -> asyncio.Future[int]:
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        future.set_result(self.outbound.write_pos)
-        return future
-
-    async def close(self, timeout: float = 2.0) -> None:
-        self.closed += 1
 
 
 class FakeEngine:
