@@ -52,7 +52,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -63,6 +63,9 @@ from engine.backends.base import (
     PcmChunk,
     SynthesisJob,
     VoicePreparer,
+    WordTimer,
+    WordTiming,
+    estimate_words,
 )
 from engine.backends.routing import BackendSet, RoutedVoice
 from engine.ipc.boundaries import BoundaryWriter
@@ -74,11 +77,15 @@ from engine.ipc.schema import (
     UtteranceAudio,
     UtteranceEnd,
     UtteranceFailed,
+    UtteranceWords,
     VoicePrepared,
     VoicePrepareFailed,
+    WordTime,
 )
 from engine.text import SegmentSplitter
 from telephony.codecs.resample import StreamingResampler
+
+MAX_WORD_CHARS = 64  # a "word" longer than this (a URL read out) is cut in the event
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +114,7 @@ class _Utterance:
     announced: bool = False
     samples: int = 0
     tail_flushed: bool = False
+    native_s: float = 0.0  # seconds of the backend's audio so far (word times count from 0)
 
 
 @dataclass
@@ -186,6 +194,7 @@ class _Job:
     text: str
     voice: object  # the backend's handle
     resampler: StreamingResampler  # the stream's, used by the worker while it runs the job
+    offset_s: float = 0.0  # where its audio starts in the utterance (word times)
 
 
 @dataclass(frozen=True)
@@ -200,6 +209,7 @@ class _Audio:
 
     job: _Job
     pcm: bytes
+    native_samples: int = 0
 
 
 @dataclass(frozen=True)
@@ -564,6 +574,7 @@ class Scheduler:
                             utterance.segments.popleft(),
                             stream.voice.handle,
                             stream.resampler,
+                            utterance.native_s,
                         )
                     )
                 lane.in_flight += 1
@@ -583,8 +594,8 @@ class Scheduler:
                 if self._generations.get(job.slot) != job.generation:
                     return False  # cancelled, or closed, while synthesizing
                 pcm = job.resampler.process(chunk.tobytes())
-                if pcm:
-                    self._commands.put(_Audio(job, pcm))
+                if pcm or len(chunk):
+                    self._commands.put(_Audio(job, pcm, len(chunk)))
                 return True
 
             started = time.perf_counter()
@@ -611,6 +622,7 @@ class Scheduler:
         current = self._current(audio.job)
         if current is not None:
             stream, utterance = current
+            utterance.native_s += audio.native_samples / stream.voice.sample_rate
             self._output(stream, utterance, audio.pcm)
             self._dirty[stream.slot] = None
 
@@ -630,6 +642,10 @@ class Scheduler:
             current = self._current(job)
             if current is not None and done.error is not None:
                 self._fail(current[0], current[1], *done.error)
+            elif current is not None:
+                stream, utterance = current
+                span = utterance.native_s - job.offset_s
+                self._words(stream, utterance, job.offset_s, estimate_words(job.text, span))
 
     def _renew_resampler(self, stream: _Stream) -> None:
         """A fresh resampler (a worker may still hold the old one for work now void)."""
@@ -639,10 +655,13 @@ class Scheduler:
         utterance = stream.utterances[0]
         segment = utterance.segments.popleft()
         generation = stream.generation
+        offset_s = utterance.native_s
+        rate = stream.voice.sample_rate
 
         def emit(chunk: PcmChunk) -> bool:
             if self._generations.get(stream.slot) != generation:
                 return False  # cancelled or closed while synthesizing
+            utterance.native_s += len(chunk) / rate
             self._output(stream, utterance, stream.resampler.process(chunk.tobytes()))
             return True
 
@@ -656,10 +675,45 @@ class Scheduler:
             self._fail(stream, utterance, "engine_error", "synthesis failed")
         else:  # as for a worker lane's batch, a failed call says nothing of the pace
             self._observe_pace(stream.lane, time.perf_counter() - started, len(segment))
+            backend = stream.voice.backend
+            if isinstance(backend, WordTimer):
+                self._words(stream, utterance, offset_s, backend.last_words(), "engine")
+            else:
+                span = utterance.native_s - offset_s
+                self._words(stream, utterance, offset_s, estimate_words(segment, span))
         finally:
             self._dirty[stream.slot] = None
             self.stats.segments += 1
             self.stats.synth_seconds += time.perf_counter() - started
+
+    def _words(
+        self,
+        stream: _Stream,
+        utterance: _Utterance,
+        offset_s: float,
+        words: Sequence[WordTiming],
+        source: str = "estimate",
+    ) -> None:
+        """Tell the stream's owner the words of the segment that started at ``offset_s``
+        of the utterance's audio."""
+        if not words:
+            return
+        self._on_event(
+            stream.owner,
+            UtteranceWords(
+                stream_id=stream.stream_id,
+                utterance=utterance.seq,
+                words=tuple(
+                    WordTime(
+                        w.text[:MAX_WORD_CHARS],
+                        round((offset_s + w.start_s) * 1000),
+                        round((offset_s + w.end_s) * 1000),
+                    )
+                    for w in words
+                ),
+                source=source,
+            ),
+        )
 
     def _output(self, stream: _Stream, utterance: _Utterance, pcm: bytes) -> None:
         if not pcm:

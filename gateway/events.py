@@ -6,7 +6,7 @@ telephony protocols map the ones they have (a mark, a clear) to their own messag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.errors import ErrorCode, VendorCode
 
@@ -25,12 +25,41 @@ class UtteranceStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class Word:
+    """A word as spoken, in ms from its utterance's first frame."""
+
+    text: str
+    start_ms: int
+    end_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Words:
+    """Words whose audio has just started going out (``start.timestamps: "word"``)."""
+
+    utterance_id: str
+    words: tuple[Word, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Played:
+    """What of an utterance went out: ``played_ms`` of its audio and the words that had
+    begun by then (None: no word timing known)."""
+
+    utterance_id: str
+    played_ms: int
+    played_text: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class UtteranceDone:
     utterance_id: str
     audio_ms: int
     first_audio_ms: int | None
     #: ``cancel`` ended it: ``audio_ms`` is what was sent of it before.
     cancelled: bool = False
+    #: Derived from the frames sent (not part of equality: the figures say what it is).
+    played: Played | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +79,14 @@ class Flushed:
 
 @dataclass(frozen=True, slots=True)
 class Cleared:
-    pass
+    #: The utterance that was playing, if one was (not part of equality).
+    played: Played | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
 class BargeIn:
-    pass
+    #: The utterance the caller interrupted, if one was (not part of equality).
+    played: Played | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +120,7 @@ SessionEvent = (
     Ready
     | UtteranceStarted
     | UtteranceDone
+    | Words
     | MarkReached
     | Flushed
     | Cleared

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -22,9 +23,12 @@ from gateway.events import (
     ErrorEvent,
     Flushed,
     MarkReached,
+    Played,
     SessionEvent,
     UtteranceDone,
     UtteranceStarted,
+    Word,
+    Words,
 )
 
 
@@ -65,6 +69,8 @@ class QueuedUtterance:
     first_frame_at: float | None = None
     error: ErrorEvent | None = None
     frames_sent: int = 0
+    words: list[Word] = field(default_factory=list)  # timed by the engine, in order
+    words_sent: int = 0  # of ``words``, already in a Words event
 
     @property
     def ended(self) -> bool:
@@ -117,8 +123,11 @@ class Playback:
         frame_bytes: int,
         max_items: int = 256,
         boundaries: BoundarySource | None = None,
+        emit_words: bool = False,
     ) -> None:
         self.sample_rate = sample_rate
+        self.frame_ms = frame_bytes * 1000 // (2 * sample_rate)
+        self.emit_words = emit_words  # ``start.timestamps: "word"``
         self._boundaries = boundaries
         self.frame_bytes = frame_bytes
         self.max_items = max_items
@@ -186,6 +195,39 @@ class Playback:
         if item is not None and item.start_pos is None:
             item.start_pos = start_pos
             item.audio_ready_at = now
+
+    def on_words(self, seq: int, words: Sequence[Word]) -> None:
+        """The engine timed the words of one segment of ``seq`` (ms from its start)."""
+        item = self._item(seq)
+        if item is not None:
+            item.words.extend(words)
+
+    def played(self, item: QueuedUtterance) -> Played:
+        """What of ``item`` went out: its frames, and the words begun within them."""
+        played_ms = item.frames_sent * self.frame_ms
+        text = (
+            " ".join(w.text for w in item.words if w.start_ms < played_ms) if item.words else None
+        )
+        return Played(item.utterance_id, played_ms, text)
+
+    def playing(self) -> Played | None:
+        """The utterance at the head, if some of it went out (for a barge-in or clear)."""
+        head = self._queue[0] if self._queue else None
+        if isinstance(head, QueuedUtterance) and head.first_frame_at is not None:
+            return self.played(head)
+        return None
+
+    def _words_begun(self, item: QueuedUtterance, events: list[SessionEvent]) -> None:
+        """A Words event for the words whose audio has started going out."""
+        if not self.emit_words:
+            return
+        sent_ms = item.frames_sent * self.frame_ms
+        begun = item.words_sent
+        while begun < len(item.words) and item.words[begun].start_ms < sent_ms:
+            begun += 1
+        if begun > item.words_sent:
+            events.append(Words(item.utterance_id, tuple(item.words[item.words_sent : begun])))
+            item.words_sent = begun
 
     def on_end(self, seq: int, start_pos: int, end_pos: int, samples: int) -> None:
         item = self._item(seq)
@@ -259,6 +301,7 @@ class Playback:
             audio_ms=item.frames_sent * frame_ms,
             first_audio_ms=first_audio_ms,
             cancelled=True,
+            played=self.played(item),
         )
         return item.seq, [done]
 
@@ -351,6 +394,7 @@ class Playback:
             head.first_frame_at = now
             result.before.append(UtteranceStarted(head.utterance_id))
         head.frames_sent += 1
+        self._words_begun(head, result.before)
         result.frame = frame
         return FrameStatus.FRAME
 
@@ -393,6 +437,7 @@ class Playback:
         # and an engine that cannot publish a boundary stops writing the stream's audio.
         self._drain_boundaries()
         self._pop(now)
+        self._words_begun(head, events)  # words timed only after their audio went out
         if head.error is not None:
             events.append(head.error)
         samples = head.samples
@@ -408,6 +453,7 @@ class Playback:
                 utterance_id=head.utterance_id,
                 audio_ms=round(samples * 1000 / self.sample_rate),
                 first_audio_ms=first_audio_ms,
+                played=self.played(head),
             )
         )
         self.finished.append(head)

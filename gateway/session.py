@@ -33,10 +33,11 @@ from engine.ipc.schema import (
     UtteranceAudio,
     UtteranceEnd,
     UtteranceFailed,
+    UtteranceWords,
 )
 from gateway.admission_gate import AdmissionGate, QueueFull, UtteranceAdmission
 from gateway.errors import CloseCode, ErrorCode, IllegalTransition, ProtocolViolation, SessionError
-from gateway.events import BargeIn, Cleared, ErrorEvent, Ready, SessionEvent
+from gateway.events import BargeIn, Cleared, ErrorEvent, Ready, SessionEvent, Word
 from gateway.formats import AudioFormat, FrameEncoder
 from gateway.metrics import GatewayMetrics
 from gateway.playback import FrameStatus, Playback
@@ -113,6 +114,7 @@ class StartOptions:
     #: ``speak`` with ``flush: false`` (streamed LLM tokens): text waits for a clause to
     #: end, at most this long, then what is complete is spoken (0: at once).
     max_buffer_delay_ms: int = DEFAULT_MAX_BUFFER_DELAY_MS
+    word_timestamps: bool = False  # ``start.timestamps: "word"``: Words events
 
 
 @dataclass
@@ -258,6 +260,7 @@ class Session:
             frame_bytes=fmt.pcm_frame_bytes,
             max_items=self._limits.max_queued_items,
             boundaries=BoundaryReader(self.stream.boundaries),
+            emit_words=options.word_timestamps,
         )
         self._transition(SessionState.ACTIVE)
         self._peer.send_event(Ready(self.id, fmt.name, fmt.sample_rate, fmt.frame_ms))
@@ -465,8 +468,8 @@ class Session:
 
     def clear(self) -> None:
         """``clear``: stop audio now, drop everything queued, cancel the engine's work."""
-        self._require_active()
-        self._interrupt(Cleared())
+        _, playback = self._require_active()
+        self._interrupt(Cleared(playback.playing()))
 
     def _interrupt(self, reason: Cleared | BargeIn) -> None:
         """Stop playback before the next frame and cancel the engine's work.
@@ -530,7 +533,8 @@ class Session:
         if options.barge_in and self.playing:
             log.info("session %s: barge-in at %d ms of caller audio", self.id, event.audio_ms)
             self._metrics.barge_ins.labels(protocol=self.protocol).inc()
-            self._interrupt(BargeIn())
+            assert self.playback is not None  # playing
+            self._interrupt(BargeIn(self.playback.playing()))
 
     def request_close(self) -> None:
         """``close``: finish what is queued, then close normally."""
@@ -627,6 +631,12 @@ class Session:
         if self.playback is not None:
             self.playback.on_audio(event.utterance, event.start_pos, self._clock())
             self._pacer.wake(self)
+
+    def on_utterance_words(self, event: UtteranceWords) -> None:
+        if self.playback is not None:
+            self.playback.on_words(
+                event.utterance, [Word(w.text, w.start_ms, w.end_ms) for w in event.words]
+            )
 
     def on_utterance_end(self, event: UtteranceEnd) -> None:
         submitted_at = self._admission.submitted_at(event.utterance)

@@ -30,6 +30,40 @@ PcmChunk = npt.NDArray[np.int16]
 EmitFn = Callable[[PcmChunk], bool]
 
 
+@dataclass(frozen=True)
+class WordTiming:
+    """A word of the last synthesized segment, timed against that segment's audio."""
+
+    text: str
+    start_s: float
+    end_s: float
+
+
+@runtime_checkable
+class WordTimer(Protocol):
+    """A per-segment backend that times the words it speaks (espeak-ng's word events)."""
+
+    def last_words(self) -> Sequence[WordTiming]:
+        """The words of the last :meth:`Backend.synthesize` call, in order."""
+        ...
+
+
+def estimate_words(text: str, duration_s: float) -> list[WordTiming]:
+    """Words of ``text`` over ``duration_s`` when the backend cannot time them: the time
+    shared out in proportion to each word's length (plus one for the space before it).
+    An estimate: expect errors of a few hundred ms on long words and at pauses."""
+    words = text.split()
+    weights = [len(word) + 1 for word in words]
+    total = sum(weights)
+    timed: list[WordTiming] = []
+    at = 0.0
+    for word, weight in zip(words, weights, strict=True):
+        span = duration_s * weight / total
+        timed.append(WordTiming(word, at, at + span))
+        at += span
+    return timed
+
+
 class BackendError(Exception):
     """A backend failed; ``code`` is the error code reported to the client."""
 

@@ -23,7 +23,7 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -32,8 +32,10 @@ import soxr
 from engine.backends.base import (
     BackendError,
     EmitFn,
+    PcmChunk,
     UnknownVoice,
     VoiceSettings,
+    WordTiming,
     register_backend,
 )
 from engine.backends.espeak_lib import EE_OK, ESPEAK_CHARS_UTF8, library
@@ -73,6 +75,25 @@ class _EspeakEvent(ctypes.Structure):
         ("user_data", ctypes.c_void_p),
         ("id", ctypes.c_char * 8),
     ]
+
+
+EVENT_LIST_TERMINATED = 0  # espeak_EVENT_TYPE (speak_lib.h)
+EVENT_WORD = 1
+MAX_EVENTS_PER_CALLBACK = 4096  # a bound on walking the list: it ends with type 0
+
+
+def _timed_words(
+    text: str, events: Sequence[tuple[int, int, int]], duration_s: float
+) -> list[WordTiming]:
+    """Word events (1-based character position, length, ms) as timed words of ``text``:
+    each ends where the next starts, the last where the audio ends."""
+    words: list[WordTiming] = []
+    starts = [ms / 1000 for _pos, _len, ms in events] + [duration_s]
+    for (position, length, _ms), start, end in zip(events, starts, starts[1:], strict=False):
+        word = text[position - 1 : position - 1 + length].strip()
+        if word:
+            words.append(WordTiming(word, start, max(start, min(end, duration_s))))
+    return words
 
 
 _SynthCallback = ctypes.CFUNCTYPE(
@@ -402,6 +423,8 @@ class EspeakBackend:
         self.native_sample_rate: int = self._espeak.sample_rate
         self._emit: EmitFn | None = None
         self._aborted = False
+        self._word_events: list[tuple[int, int, int]] = []  # (char pos, length, ms)
+        self._last_words: list[WordTiming] = []
         self._callback = _SynthCallback(self._on_audio)  # keep a reference: C holds it
         self._lib.espeak_SetSynthCallback(self._callback)
         version = self._espeak.version
@@ -463,9 +486,11 @@ class EspeakBackend:
         self._lib.espeak_SetParameter(ESPEAK_RANGE, pitch_range, 0)
         self._espeak.current = voice
 
-    def _on_audio(self, wav: object, count: int, _events: object) -> int:
+    def _on_audio(self, wav: object, count: int, events: Any) -> int:
         if self._aborted:
             return 1
+        if events:
+            self._take_events(events)
         if count > 0 and wav and self._emit is not None:
             chunk = np.ctypeslib.as_array(wav, shape=(count,)).copy()
             if not self._emit(chunk):
@@ -473,15 +498,39 @@ class EspeakBackend:
                 return 1
         return 0
 
+    def _take_events(self, events: Any) -> None:
+        """Record the word events of a callback (``events``: espeak's event list, a
+        ``POINTER(_EspeakEvent)``): each word's character position in the segment and
+        its audio position (ms from the call's start)."""
+        for i in range(MAX_EVENTS_PER_CALLBACK):
+            event = events[i]
+            if event.type == EVENT_LIST_TERMINATED:
+                return
+            if event.type == EVENT_WORD:
+                self._word_events.append((event.text_position, event.length, event.audio_position))
+
+    def last_words(self) -> Sequence[WordTiming]:
+        """The words of the last :meth:`synthesize` call, timed by espeak's word events
+        (a word ends where the next begins; the last where the audio ends)."""
+        return self._last_words
+
     def synthesize(self, text: str, voice: object, emit: EmitFn) -> None:
         if not isinstance(voice, EspeakVoice):
             raise TypeError("voice must come from resolve_voice")
         if len(text) > self.max_text_chars:
             raise BackendError("text_too_long", f"segment over {self.max_text_chars} chars")
         data = text.encode("utf-8") + b"\0"
+        samples = 0
+
+        def counting(chunk: PcmChunk) -> bool:
+            nonlocal samples
+            samples += len(chunk)
+            return emit(chunk)
+
         with self._espeak.lock:
             self._apply(voice)
-            self._emit, self._aborted = emit, False
+            self._emit, self._aborted = counting, False
+            self._word_events = []
             try:
                 status = self._lib.espeak_Synth(
                     data, len(data), 0, POS_CHARACTER, 0, ESPEAK_CHARS_UTF8, None, None
@@ -490,6 +539,7 @@ class EspeakBackend:
                 self._emit = None
         if status != EE_OK:
             raise BackendError("backend_error", f"espeak_Synth failed ({status})")
+        self._last_words = _timed_words(text, self._word_events, samples / self.native_sample_rate)
 
     # --- voice matching (owning thread only) -------------------------------------------
 

@@ -39,6 +39,7 @@ from engine.ipc.schema import (
     UtteranceAudio,
     UtteranceEnd,
     UtteranceFailed,
+    UtteranceWords,
     VoicePrepared,
     VoicePrepareFailed,
     Welcome,
@@ -66,6 +67,7 @@ class EngineRejected(Exception):
 
 class StreamListener(Protocol):
     def on_utterance_audio(self, event: UtteranceAudio) -> None: ...
+    def on_utterance_words(self, event: UtteranceWords) -> None: ...
     def on_utterance_end(self, event: UtteranceEnd) -> None: ...
     def on_utterance_failed(self, event: UtteranceFailed) -> None: ...
     def on_speech_started(self, event: SpeechStarted) -> None: ...
@@ -143,6 +145,8 @@ class EngineStream:
     def _dispatch(self, message: Message) -> None:
         if isinstance(message, UtteranceAudio):
             self.listener.on_utterance_audio(message)
+        elif isinstance(message, UtteranceWords):
+            self.listener.on_utterance_words(message)
         elif isinstance(message, UtteranceEnd):
             self.listener.on_utterance_end(message)
         elif isinstance(message, UtteranceFailed):

@@ -29,7 +29,7 @@ from typing import Final
 
 import msgspec
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2  # 2: UtteranceWords, Speak.release
 MAX_FRAME_BYTES: Final = 4 << 20  # a 30 s reference recording (PrepareVoice) is ~1 MB
 _LENGTH = struct.Struct(">I")
 
@@ -159,6 +159,26 @@ class UtteranceAudio(Message):
     start_pos: int
 
 
+class WordTime(msgspec.Struct, array_like=True):
+    """One word as spoken (normalized text: "$12" is "twelve dollars"), in ms from the
+    utterance's first sample."""
+
+    text: str
+    start_ms: int
+    end_ms: int
+
+
+class UtteranceWords(Message):
+    """The words of one segment of ``utterance``, sent once that segment's audio is
+    out. ``source``: ``engine`` (the backend timed them: espeak-ng's word events) or
+    ``estimate`` (the segment's duration shared out by word length)."""
+
+    stream_id: int
+    utterance: int
+    words: tuple[WordTime, ...]
+    source: str = "engine"
+
+
 class UtteranceEnd(Message):
     """Every byte of ``utterance`` is in the ring; it ends at ``end_pos`` (exclusive).
 
@@ -237,6 +257,7 @@ FromEngine = (
     | StreamOpened
     | StreamRejected
     | UtteranceAudio
+    | UtteranceWords
     | UtteranceEnd
     | UtteranceFailed
     | Cancelled

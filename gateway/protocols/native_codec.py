@@ -23,10 +23,12 @@ from gateway.events import (
     ErrorEvent,
     Flushed,
     MarkReached,
+    Played,
     Ready,
     SessionEvent,
     UtteranceDone,
     UtteranceStarted,
+    Words,
 )
 from gateway.formats import FORMATS, INPUT_FORMATS
 from gateway.session import DEFAULT_MAX_BUFFER_DELAY_MS, StartOptions
@@ -49,6 +51,7 @@ class StartMsg(_Msg, tag="start"):
     barge_in: bool | None = None
     call: str | None = None  # attach to a telephony call instead of opening a stream
     max_buffer_delay_ms: int | None = None
+    timestamps: Literal["word"] | None = None
 
 
 class SpeakMsg(_Msg, tag="speak"):
@@ -192,14 +195,25 @@ def encode_event(event: SessionEvent) -> str:
         }
         if event.cancelled:
             body["cancelled"] = True
+        _add_played(body, event.played)
+    elif isinstance(event, Words):
+        body = {
+            "type": "words",
+            "utterance_id": event.utterance_id,
+            "words": [
+                {"text": w.text, "start_ms": w.start_ms, "end_ms": w.end_ms} for w in event.words
+            ],
+        }
     elif isinstance(event, Flushed):
         body = {"type": "flushed", "flush_id": event.flush_id}
     elif isinstance(event, MarkReached):
         body = {"type": "mark", "name": event.name, "cleared": event.cleared}
     elif isinstance(event, Cleared):
         body = {"type": "cleared"}
+        _add_played(body, event.played, with_id=True)
     elif isinstance(event, BargeIn):
         body = {"type": "barge_in"}
+        _add_played(body, event.played, with_id=True)
     elif isinstance(event, ErrorEvent):
         body = {"type": "error", "code": event.code, "message": event.message}
         if event.utterance_id is not None:
@@ -220,6 +234,17 @@ def encode_event(event: SessionEvent) -> str:
     else:  # pragma: no cover - exhaustive
         raise TypeError(f"no wire form for {event!r}")
     return _json_encoder.encode(body).decode()
+
+
+def _add_played(body: dict[str, object], played: Played | None, *, with_id: bool = False) -> None:
+    """``played_ms`` and ``played_text`` (when words were timed) of what went out."""
+    if played is None:
+        return
+    if with_id:
+        body["utterance_id"] = played.utterance_id
+    body["played_ms"] = played.played_ms
+    if played.played_text is not None:
+        body["played_text"] = played.played_text
 
 
 def start_options(message: StartMsg) -> StartOptions:
@@ -259,6 +284,7 @@ def start_options(message: StartMsg) -> StartOptions:
         pacing=message.pacing,
         input_format=input_fmt,
         barge_in=message.barge_in if message.barge_in is not None else input_fmt is not None,
+        word_timestamps=message.timestamps == "word",
         max_buffer_delay_ms=(
             message.max_buffer_delay_ms
             if message.max_buffer_delay_ms is not None

@@ -24,6 +24,7 @@ from engine.ipc.schema import (
     UtteranceAudio,
     UtteranceEnd,
     UtteranceFailed,
+    UtteranceWords,
     VoiceInfo,
 )
 from engine.ipc.shm import BOUNDARY_CAPACITY
@@ -50,10 +51,14 @@ class EventLog:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._events: list[Event] = []
+        self.words: list[UtteranceWords] = []  # kept apart: most tests follow the audio
 
     def __call__(self, owner: object, message: Message) -> None:
         with self._cond:
-            self._events.append(Event(owner, message, time.perf_counter()))
+            if isinstance(message, UtteranceWords):
+                self.words.append(message)
+            else:
+                self._events.append(Event(owner, message, time.perf_counter()))
             self._cond.notify_all()
 
     def events(self, stream_id: int | None = None) -> list[Event]:
@@ -272,6 +277,23 @@ def test_utterance_audio_then_end(harness):
     assert ring.readable_bytes() == end.end_pos
     assert drain(ring) == expected_pcm([text])
     assert [e.owner for e in harness.events.events(7)] == ["owner-0", "owner-0"]
+
+
+def test_each_segment_s_words_are_timed_from_the_utterance_start(harness):
+    """A backend that cannot time words gets an estimate per segment: the segment's
+    span shared out by word length, the spans back to back from 0 to the end."""
+    harness.open(0, stream_id=7)
+    harness.scheduler.speak(0, 1, "Hello there. How are you today?", True)
+    end = harness.events.wait(UtteranceEnd, 7, 1).message
+    assert isinstance(end, UtteranceEnd)
+    words = [w for event in harness.events.words for w in event.words]
+    assert [w.text for w in words] == ["Hello", "there.", "How", "are", "you", "today?"]
+    assert {event.source for event in harness.events.words} == {"estimate"}
+    assert words[0].start_ms == 0
+    for before, after in itertools.pairwise(words):
+        assert before.end_ms == after.start_ms and before.start_ms < before.end_ms
+    total_ms = end.samples * 1000 / NATIVE_RATE
+    assert abs(words[-1].end_ms - total_ms) <= 2
 
 
 def test_stats_are_updated(harness):

@@ -36,6 +36,7 @@ from engine.ipc.schema import (
     UtteranceAudio,
     UtteranceEnd,
     UtteranceFailed,
+    UtteranceWords,
     Welcome,
     encode,
 )
@@ -138,6 +139,7 @@ class Listener:
     ends: list[UtteranceEnd] = field(default_factory=list)
     failures: list[UtteranceFailed] = field(default_factory=list)
     speech: list[SpeechStarted] = field(default_factory=list)
+    words: list[UtteranceWords] = field(default_factory=list)
     lost: int = 0
 
     def on_speech_started(self, event: SpeechStarted) -> None:
@@ -145,6 +147,9 @@ class Listener:
 
     def on_utterance_audio(self, event: UtteranceAudio) -> None:
         self.audio.append(event)
+
+    def on_utterance_words(self, event: UtteranceWords) -> None:
+        self.words.append(event)
 
     def on_utterance_end(self, event: UtteranceEnd) -> None:
         self.ends.append(event)

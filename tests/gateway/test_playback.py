@@ -15,9 +15,12 @@ from gateway.events import (
     ErrorEvent,
     Flushed,
     MarkReached,
+    Played,
     SessionEvent,
     UtteranceDone,
     UtteranceStarted,
+    Word,
+    Words,
 )
 from gateway.playback import FrameResult, FrameStatus, Playback
 
@@ -767,3 +770,53 @@ def test_a_cancelled_utterance_is_read_past_as_the_engine_writes_it():
     pb.on_end(2, start, ring.write_pos, len(nxt) // 2)
     assert frames_of(drain(pb, ring)) == [nxt[:FRAME], nxt[FRAME:]]
     assert not pb.skipping
+
+
+# ---------------------------------------------------------------------------- words
+
+
+def test_words_go_out_with_the_frame_their_audio_starts_in_and_played_follows_them():
+    ring = make_ring()
+    pb = Playback(sample_rate=RATE, frame_bytes=FRAME, emit_words=True)
+    pb.enqueue_utterance(1, "u1", 0.0)
+    audio = pcm(5 * FRAME)  # 100 ms
+    speak(pb, ring, 1, audio)
+    pb.on_words(1, [Word("one", 0, 30), Word("two", 30, 70), Word("three", 70, 100)])
+    results = [pb.next_frame(ring, 0.0) for _ in range(5)]
+    words = [
+        (i, [w.text for w in e.words])
+        for i, r in enumerate(results)
+        for e in r.before
+        if isinstance(e, Words)
+    ]
+    assert words == [(0, ["one"]), (1, ["two"]), (3, ["three"])]  # frames 0-20, 20-40, 60-80
+    done = results[-1].after[0]
+    assert isinstance(done, UtteranceDone) and done.played is not None
+    assert (done.played.played_ms, done.played.played_text) == (100, "one two three")
+
+
+def test_what_a_barge_in_or_cancel_interrupts_is_reported_played_so_far():
+    ring = make_ring()
+    pb = Playback(sample_rate=RATE, frame_bytes=FRAME)  # no Words events, played_text still
+    pb.enqueue_utterance(1, "u1", 0.0)
+    speak(pb, ring, 1, pcm(10 * FRAME))
+    pb.on_words(1, [Word("press", 0, 50), Word("one", 50, 120), Word("now", 120, 200)])
+    assert pb.playing() is None  # nothing went out yet
+    for _ in range(3):
+        assert not any(isinstance(e, Words) for e in pb.next_frame(ring, 0.0).before)
+    assert pb.playing() == Played("u1", 60, "press one")
+    _seq, events = pb.cancel("u1", frame_ms=20) or (0, [])
+    done = events[0]
+    assert isinstance(done, UtteranceDone) and done.played == Played("u1", 60, "press one")
+
+
+def test_words_timed_after_their_audio_went_out_come_before_the_end():
+    ring = make_ring()
+    pb = Playback(sample_rate=RATE, frame_bytes=FRAME, emit_words=True)
+    pb.enqueue_utterance(1, "u1", 0.0)
+    speak(pb, ring, 1, pcm(2 * FRAME))
+    first = pb.next_frame(ring, 0.0)
+    pb.on_words(1, [Word("late", 0, 40)])  # the engine timed it after the audio left
+    last = pb.next_frame(ring, 0.0)
+    assert not any(isinstance(e, Words) for e in first.before)
+    assert [e for e in last.before if isinstance(e, Words)] == [Words("u1", (Word("late", 0, 40),))]

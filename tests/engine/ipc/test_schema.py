@@ -32,10 +32,12 @@ from engine.ipc.schema import (
     UtteranceAudio,
     UtteranceEnd,
     UtteranceFailed,
+    UtteranceWords,
     VoiceInfo,
     VoicePrepared,
     VoicePrepareFailed,
     Welcome,
+    WordTime,
     encode,
 )
 
@@ -93,6 +95,12 @@ FROM_ENGINE: list[Message] = [
     StreamOpened(stream_id=1, slot=511),
     StreamRejected(stream_id=1, code="overloaded", message="all 512 engine slots are in use"),
     UtteranceAudio(stream_id=1, utterance=1, start_pos=0),
+    UtteranceWords(
+        stream_id=1,
+        utterance=1,
+        words=(WordTime("twelve", 0, 310), WordTime("dollars", 310, 820)),
+        source="engine",
+    ),
     UtteranceEnd(stream_id=1, utterance=1, start_pos=0, end_pos=2**40, samples=2**39),
     UtteranceEnd(stream_id=1, utterance=2, start_pos=10, end_pos=10, samples=0),
     UtteranceFailed(stream_id=1, utterance=1, code="backend_error", message="boom"),

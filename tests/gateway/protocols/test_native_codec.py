@@ -14,10 +14,13 @@ from gateway.events import (
     ErrorEvent,
     Flushed,
     MarkReached,
+    Played,
     Ready,
     SessionEvent,
     UtteranceDone,
     UtteranceStarted,
+    Word,
+    Words,
 )
 from gateway.formats import FORMATS
 from gateway.protocols.native_codec import (
@@ -167,6 +170,7 @@ def test_missing_or_unknown_type(obj: dict[str, Any]):
         {"type": "flush", "flush_id": 3},
         {"type": "start", "voice": "v", "max_buffer_delay_ms": 5001},
         {"type": "start", "voice": "v", "max_buffer_delay_ms": -1},
+        {"type": "start", "voice": "v", "timestamps": "phoneme"},
         {"type": "cancel"},
         {"type": "cancel", "utterance_id": ""},
         {"type": "cancel", "utterance_id": 12},
@@ -391,3 +395,36 @@ def test_decoding_raises_only_protocol_violations(data: str | bytes):
         assert exc.message and len(exc.message) < 2000
     else:
         assert type(message).__name__.endswith("Msg")
+
+
+def test_encode_words_and_what_was_played():
+    assert wire(Words("u1", (Word("twelve", 0, 310), Word("dollars", 310, 820)))) == {
+        "type": "words",
+        "utterance_id": "u1",
+        "words": [
+            {"text": "twelve", "start_ms": 0, "end_ms": 310},
+            {"text": "dollars", "start_ms": 310, "end_ms": 820},
+        ],
+    }
+    played = Played("u1", 400, "twelve dollars")
+    assert wire(BargeIn(played)) == {
+        "type": "barge_in",
+        "utterance_id": "u1",
+        "played_ms": 400,
+        "played_text": "twelve dollars",
+    }
+    assert wire(Cleared(Played("u2", 0, None))) == {
+        "type": "cleared",
+        "utterance_id": "u2",
+        "played_ms": 0,
+    }
+    assert wire(UtteranceDone("u1", 820, 40, played=Played("u1", 820, "twelve dollars"))) == {
+        "type": "utterance_done",
+        "utterance_id": "u1",
+        "audio_ms": 820,
+        "first_audio_ms": 40,
+        "played_ms": 820,
+        "played_text": "twelve dollars",
+    }
+    assert decode({"type": "start", "voice": "v", "format": "pcm_16000", "timestamps": "word"})
+    assert start_options(StartMsg(voice="v", format="pcm_16000", timestamps="word")).word_timestamps
