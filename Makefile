@@ -29,7 +29,7 @@ $(SYSTEM_STAMP):
 $(STAMP): pyproject.toml constraints.txt | $(SYSTEM_STAMP)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,examples]'
 	@touch $@
 
 system-deps: $(SYSTEM_STAMP)
