@@ -58,7 +58,8 @@ $(BENCH_STAMP): $(STAMP)
 # The standard benchmark matrix (docs/benchmarks.md): gateway against the naive baseline
 # at 1, 50, 200 and 500 calls, then VAD throughput, barge-in latency and the voice cache,
 # then the neural voice (offline ceiling, realtime concurrency, burst, scaling) and the
-# intelligibility of every built-in voice over the telephone, then SIP calls against Twilio legs.
+# intelligibility of every built-in voice over the telephone, then SIP calls against Twilio legs,
+# then every telephony leg side by side (Twilio, Asterisk, jambonz, FreeSWITCH, AudioSocket, SIP).
 bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.matrix
 	$(PY) -m tests.bench.vad_throughput
@@ -67,6 +68,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.neural
 	$(PY) -m tests.bench.intelligibility
 	$(PY) -m tests.bench.sip_calls
+	$(PY) -m tests.bench.legs
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache artifacts

@@ -172,6 +172,7 @@ def _plans(target: Target, sessions: int, opts: LoadOptions) -> list[WorkerPlan]
             caller_audio=opts.caller_audio,
             utterance_timeout_s=opts.utterance_timeout_s,
             sip_target=target.sip_target,
+            audiosocket_target=target.audiosocket_target,
         )
         calls[g % k].append(spec)
         delays[g % k].append(g / opts.ramp_per_s)
@@ -239,6 +240,7 @@ async def _warm_up(target: Target, opts: LoadOptions) -> list[str]:
             fmt=opts.fmt,
             pacing="burst",
             sip_target=target.sip_target,
+            audiosocket_target=target.audiosocket_target,
         )
         driver = driver_cls(spec, recorder)
         try:

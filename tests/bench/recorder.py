@@ -90,8 +90,10 @@ class Recorder:
     no_audio: int = 0  # of those, how many never got a single frame
     bad_size_frames: int = 0
     stray_frames: int = 0  # audio outside any utterance
+    tail_frames: int = 0  # a leg's silence after each utterance, not measured (jambonz)
     sessions_ready: int = 0
     sessions_failed: int = 0
+    calls_completed: int = 0  # ready calls still up, with no failure, when the run ended
     frames: int = 0  # audio frames of completed utterances
     _reported_first_audio: int = 0
 
@@ -158,7 +160,9 @@ class Recorder:
             "no_audio": self.no_audio,
             "bad_size_frames": self.bad_size_frames,
             "stray_frames": self.stray_frames,
+            "tail_frames": self.tail_frames,
             "sessions_ready": self.sessions_ready,
             "sessions_failed": self.sessions_failed,
+            "calls_completed": self.calls_completed,
             "frames": self.frames,
         }

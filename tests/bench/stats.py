@@ -47,8 +47,10 @@ def merge_exports(exports: list[dict[str, Any]]) -> dict[str, Any]:
         "no_audio",
         "bad_size_frames",
         "stray_frames",
+        "tail_frames",
         "sessions_ready",
         "sessions_failed",
+        "calls_completed",
         "frames",
         "rtp_packets",
         "rtp_lost",
@@ -96,6 +98,7 @@ def summarize_client(merged: dict[str, Any], frame_ms: float = 20.0) -> dict[str
     return {
         "sessions_ready": merged["sessions_ready"],
         "sessions_failed": merged["sessions_failed"],
+        "calls_completed": merged["calls_completed"],
         "utterances": {
             "speaks": merged["speaks"],
             "completed": merged["completed"],
@@ -121,6 +124,7 @@ def summarize_client(merged: dict[str, Any], frame_ms: float = 20.0) -> dict[str
         "utterances_with_late_frames": int((late > 0).sum()),
         "bad_size_frames": merged["bad_size_frames"],
         "stray_frames": merged["stray_frames"],
+        "tail_frames": merged["tail_frames"],
         "errors": merged["errors"],
         "frame_ms": frame_ms,
         "gap_histogram": gap_histogram(gaps),

@@ -47,6 +47,8 @@ class Target(ABC):
     ws_url: str
     #: Where SIP calls go (protocol ``sip``), when the server has a SIP bridge.
     sip_target: tuple[str, int] | None = None
+    #: Where AudioSocket calls go (protocol ``audiosocket``), when it listens for them.
+    audiosocket_target: tuple[str, int] | None = None
 
     @abstractmethod
     def start(self) -> None: ...
@@ -94,22 +96,28 @@ class GatewayTarget(Target):
     def start(self) -> None:
         self._log_dir.mkdir(parents=True, exist_ok=True)
         sip_port = free_udp_port()
-        gw = GatewayProcess(
-            self._log_dir / "gateway.log",
-            LOG_LEVEL="WARNING",
-            ENGINE_BACKEND=self._backend,
-            ENGINE_SLOTS=str(self._slots),
+        audiosocket_port = free_port()
+        settings = {
+            "LOG_LEVEL": "WARNING",
+            "ENGINE_BACKEND": self._backend,
+            "ENGINE_SLOTS": str(self._slots),
             # the SIP bridge, for protocol sip: calls from here are the loadgen tenant's
-            GATEWAY_SIP_LISTEN=f"127.0.0.1:{sip_port}",
-            GATEWAY_SIP_ALLOW="127.0.0.0/8=loadgen",
-            GATEWAY_SIP_RTP_PORTS="21000-23999",
-            GATEWAY_SIP_INVITES_PER_S="1000",
+            "GATEWAY_SIP_LISTEN": f"127.0.0.1:{sip_port}",
+            "GATEWAY_SIP_ALLOW": "127.0.0.0/8=loadgen",
+            "GATEWAY_SIP_RTP_PORTS": "21000-23999",
+            "GATEWAY_SIP_INVITES_PER_S": "1000",
+            # the AudioSocket listener, for protocol audiosocket: the same trusted network
+            "GATEWAY_AUDIOSOCKET_LISTEN": f"127.0.0.1:{audiosocket_port}",
+            "GATEWAY_AUDIOSOCKET_ALLOW": "127.0.0.0/8=loadgen",
+            "GATEWAY_AUDIOSOCKET_MAX_CALLS": str(max(500, self._slots)),
             **self._env,
-        )
+        }
+        gw = GatewayProcess(self._log_dir / "gateway.log", **settings)
         gw.start()
         self._gw = gw
         self.ws_url = gw.ws_url
         self.sip_target = ("127.0.0.1", sip_port)
+        self.audiosocket_target = ("127.0.0.1", audiosocket_port)
 
     def stop(self) -> None:
         if self._gw is not None:

@@ -82,6 +82,7 @@ class _Worker:
         if message[0] == "go":
             _, t_go, t_end = message
             cpu = await self._speak(live, t_go, t_end)
+            rec.calls_completed = sum(1 for d in live if d.completed)
         await self._close_all()
         self.conn.send(("result", {"recorder": rec.export(), "cpu": cpu}))
 
