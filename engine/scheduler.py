@@ -213,13 +213,21 @@ class _Audio:
 
 
 @dataclass(frozen=True)
+class _Words:
+    """A batch backend's words for one job, timed against the job's audio."""
+
+    job: _Job
+    words: tuple[WordTiming, ...]
+
+
+@dataclass(frozen=True)
 class _BatchDone:
     batch: _Batch
     error: tuple[str, str] | None  # (code, message) for every job of the batch
     seconds: float
 
 
-_Command = _Open | _Speak | _Cancel | _Prepare | _Audio | _BatchDone | None
+_Command = _Open | _Speak | _Cancel | _Prepare | _Audio | _Words | _BatchDone | None
 
 
 @dataclass
@@ -254,6 +262,7 @@ class Scheduler:
                 lane = _Lane(backend, None)
             self._lanes[id(backend)] = lane
         self._on_event = on_event
+        self._timed_jobs: set[_Job] = set()  # jobs whose words the backend timed
         self._max_text_chars = max_text_chars
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[int, _Stream] = {}
@@ -392,12 +401,17 @@ class Scheduler:
             except queue.Empty:
                 return
 
-    def _apply(self, command: _Open | _Speak | _Cancel | _Prepare | _Audio | _BatchDone) -> None:
+    def _apply(
+        self, command: _Open | _Speak | _Cancel | _Prepare | _Audio | _Words | _BatchDone
+    ) -> None:
         if isinstance(command, _Prepare):
             self._prepare(command)
             return
         if isinstance(command, _Audio):
             self._take_audio(command)
+            return
+        if isinstance(command, _Words):
+            self._take_words(command)
             return
         if isinstance(command, _BatchDone):
             self._batch_done(command)
@@ -598,10 +612,19 @@ class Scheduler:
                     self._commands.put(_Audio(job, pcm, len(chunk)))
                 return True
 
+            def timed(
+                index: int, words: Sequence[WordTiming], jobs: tuple[_Job, ...] = jobs
+            ) -> None:
+                self._commands.put(_Words(jobs[index], tuple(words)))
+
             started = time.perf_counter()
             error: tuple[str, str] | None = None
+            segments = [SynthesisJob(j.text, j.voice) for j in jobs]
             try:
-                lane.batch.synthesize_batch([SynthesisJob(j.text, j.voice) for j in jobs], emit)
+                if getattr(lane.batch, "times_words", False):
+                    lane.batch.synthesize_batch(segments, emit, timed)  # type: ignore[call-arg]
+                else:
+                    lane.batch.synthesize_batch(segments, emit)
             except BackendError as exc:
                 error = (exc.code, exc.message)
             except Exception:
@@ -626,6 +649,12 @@ class Scheduler:
             self._output(stream, utterance, audio.pcm)
             self._dirty[stream.slot] = None
 
+    def _take_words(self, timed: _Words) -> None:
+        current = self._current(timed.job)
+        if current is not None:
+            self._timed_jobs.add(timed.job)
+            self._words(current[0], current[1], timed.job.offset_s, timed.words, "engine")
+
     def _batch_done(self, done: _BatchDone) -> None:
         done.batch.lane.in_flight -= 1
         if done.error is None:  # a padded batch takes as long as its longest segment
@@ -642,10 +671,11 @@ class Scheduler:
             current = self._current(job)
             if current is not None and done.error is not None:
                 self._fail(current[0], current[1], *done.error)
-            elif current is not None:
+            elif current is not None and job not in self._timed_jobs:
                 stream, utterance = current
                 span = utterance.native_s - job.offset_s
                 self._words(stream, utterance, job.offset_s, estimate_words(job.text, span))
+            self._timed_jobs.discard(job)
 
     def _renew_resampler(self, stream: _Stream) -> None:
         """A fresh resampler (a worker may still hold the old one for work now void)."""

@@ -130,6 +130,9 @@ class SynthesisJob:
 
 # Receives (job index, int16 PCM of that job); False: that job is no longer wanted.
 BatchEmit = Callable[[int, PcmChunk], bool]
+# Receives (job index, that job's words timed against its audio); from batch backends whose
+# ``times_words`` is True, passed as ``synthesize_batch``'s third argument.
+BatchWords = Callable[[int, Sequence["WordTiming"]], None]
 
 
 @runtime_checkable

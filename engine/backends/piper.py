@@ -49,10 +49,12 @@ import numpy.typing as npt
 from engine.backends.base import (
     BackendError,
     BatchEmit,
+    BatchWords,
     EmitFn,
     SynthesisJob,
     UnknownVoice,
     VoiceSettings,
+    WordTiming,
     register_backend,
 )
 from engine.backends.espeak_lib import library
@@ -124,6 +126,15 @@ class PiperModel:
                     LENGTH_NODE, onnx.TensorProto.FLOAT, ["batch_size"]
                 )
             )
+        # The duration predictor's output, ceil'd: frames per phoneme id (word timing).
+        ceils = [node.output[0] for node in graph.graph.node if node.op_type == "Ceil"]
+        self.durations_output = ceils[0] if self.batched and len(ceils) == 1 else None
+        if self.durations_output is not None:
+            graph.graph.output.append(
+                onnx.helper.make_tensor_value_info(
+                    self.durations_output, onnx.TensorProto.FLOAT, None
+                )
+            )
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -192,20 +203,68 @@ class PiperModel:
     ) -> list[npt.NDArray[np.int16]]:
         """Audio of each id sequence (all with the same scales), in one model call when
         the model reports lengths, else one call each."""
+        return [audio for audio, _ in self.synthesize_timed(sequences, scales, speakers)]
+
+    def synthesize_timed(
+        self,
+        sequences: Sequence[list[int]],
+        scales: tuple[float, float, float],
+        speakers: Sequence[int],
+    ) -> list[tuple[npt.NDArray[np.int16], npt.NDArray[np.float32] | None]]:
+        """:meth:`synthesize`, with each sequence's predicted frames per phoneme id
+        (None when the model does not expose its duration predictor)."""
         if len(sequences) > 1 and not (self.batched and self.hop):
             return [
-                self.synthesize([s], scales, [k])[0]
+                self.synthesize_timed([s], scales, [k])[0]
                 for s, k in zip(sequences, speakers, strict=True)
             ]
         outputs = self._run(sequences, scales, speakers)
         audio = outputs[0].reshape(len(sequences), -1)
+        durations = (
+            np.asarray(outputs[-1], dtype=np.float32).reshape(len(sequences), -1)
+            if self.durations_output is not None
+            else None
+        )
+
+        def timing(row: int) -> npt.NDArray[np.float32] | None:
+            return None if durations is None else durations[row, : len(sequences[row])]
+
         if len(sequences) == 1:
-            return [_to_int16(audio[0])]
+            return [(_to_int16(audio[0]), timing(0))]
         lengths = outputs[1]
         return [
-            _to_int16(audio[row, : round(float(lengths[row])) * self.hop])
+            (_to_int16(audio[row, : round(float(lengths[row])) * self.hop]), timing(row))
             for row in range(len(sequences))
         ]
+
+    def word_times(
+        self, text: str, ids: Sequence[int], frames: npt.NDArray[np.float32]
+    ) -> list[WordTiming] | None:
+        """The words of ``text`` timed by the predicted frames of each phoneme id: a word
+        runs from its first phoneme to the space after it. None when the phonemizer's
+        words do not line up with the text's (espeak joins or splits some), or the hop is
+        unknown: the caller estimates instead."""
+        words = text.split()
+        if not self.hop or not words:
+            return None
+        table = self.config.phoneme_ids
+        space = table.get(" ", [-1])[0]
+        silent = {table[BOS][0], table[EOS][0], table[PAD][0], space}
+        seconds_per_frame = self.hop / self.config.sample_rate
+        spans: list[tuple[float, float]] = []
+        at, start = 0.0, None
+        for phoneme, count in zip(ids, frames, strict=False):
+            if phoneme == space and start is not None:
+                spans.append((start, at))
+                start = None
+            elif phoneme not in silent and start is None:
+                start = at
+            at += float(count) * seconds_per_frame
+        if start is not None:
+            spans.append((start, at))
+        if len(spans) != len(words):
+            return None
+        return [WordTiming(word, s, e) for word, (s, e) in zip(words, spans, strict=True)]
 
 
 def _to_int16(audio: npt.NDArray[np.floating[Any]]) -> npt.NDArray[np.int16]:
@@ -347,9 +406,14 @@ class PiperBackend:
         assert isinstance(voice, PiperVoice)
         return (voice.model.path, voice.scales)
 
-    def synthesize_batch(self, jobs: Sequence[SynthesisJob], emit: BatchEmit) -> None:
+    times_words = True  # synthesize_batch reports words from the duration predictor
+
+    def synthesize_batch(
+        self, jobs: Sequence[SynthesisJob], emit: BatchEmit, words: BatchWords | None = None
+    ) -> None:
         """All ``jobs`` (one :meth:`batch_key`) in one model call; each job's whole audio
-        is emitted at once (VITS is not incremental)."""
+        is emitted at once (VITS is not incremental), then, to ``words``, its words timed
+        by the model's predicted phoneme durations where they line up with the text."""
         if not jobs:
             return
         first = jobs[0].voice
@@ -357,10 +421,17 @@ class PiperBackend:
         for job in jobs:
             if len(job.text) > self.max_text_chars:
                 raise BackendError("text_too_long", f"segment over {self.max_text_chars} chars")
-        sequences = [first.model.phoneme_ids(job.text) for job in jobs]
+        model = first.model
+        sequences = [model.phoneme_ids(job.text) for job in jobs]
         speakers = [job.voice.speaker for job in jobs]  # type: ignore[attr-defined]
-        for index, audio in enumerate(first.model.synthesize(sequences, first.scales, speakers)):
-            emit(index, audio)
+        results = model.synthesize_timed(sequences, first.scales, speakers)
+        for index, (audio, frames) in enumerate(results):
+            if not emit(index, audio):
+                continue
+            if words is not None and frames is not None:
+                timed = model.word_times(jobs[index].text, sequences[index], frames)
+                if timed is not None:
+                    words(index, timed)
 
     def synthesize(self, text: str, voice: object, emit: EmitFn) -> None:
         """One segment (the per-segment form, for tools and tests)."""

@@ -3,6 +3,7 @@ engine, and the scheduler's worker lanes running it on threads."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -18,6 +19,7 @@ from engine.backends.base import (
     SynthesisJob,
     UnknownVoice,
     VoiceSettings,
+    WordTiming,
 )
 from engine.backends.espeak import EspeakBackend
 from engine.backends.piper import (
@@ -309,3 +311,34 @@ def test_the_neural_voice_is_understood_over_the_telephone(
     robotic = word_error_rate(espeak_backend, "en-us", recognizer, PROMPTS_EN[:4])["wer"]
     assert neural < 0.5, neural  # measured 0.25 to 0.35 (the model samples noise)
     assert neural < robotic - 0.3, (neural, robotic)  # espeak: about 0.9
+
+
+def test_words_are_timed_by_the_model_s_own_phoneme_durations(piper: PiperBackend) -> None:
+    """The duration predictor's frames per phoneme id add up to the audio the model
+    produced (so they are the right tensor), and the words they time line up with the
+    text and with the speech in the audio."""
+    voice = piper.resolve_voice(VoiceSettings(BUNDLED_VOICE_ID))
+    text = "Thank you for calling. Please hold the line."
+    audio: list[np.ndarray] = []
+    timed: list[WordTiming] = []
+
+    def emit(_index: int, chunk: np.ndarray) -> bool:
+        audio.append(chunk)
+        return True
+
+    def words(_index: int, words: Sequence[WordTiming]) -> None:
+        timed.extend(words)
+
+    piper.synthesize_batch([SynthesisJob(text, voice)], emit, words)
+    pcm = np.concatenate(audio)
+    model = voice.model
+    [(single, frames)] = model.synthesize_timed([model.phoneme_ids(text)], voice.scales, [0])
+    assert frames is not None and round(float(frames.sum())) * model.hop == len(single)
+    assert [w.text for w in timed] == text.split()
+    duration = len(pcm) / RATE
+    assert timed[0].start_s < 0.4 and timed[-1].end_s <= duration + 1e-6
+    for before, after in itertools.pairwise(timed):
+        assert before.start_s < before.end_s <= after.start_s
+    for word in timed:  # each word's span holds speech
+        span = pcm[int(word.start_s * RATE) : int(word.end_s * RATE)]
+        assert level_dbfs(span) > -40, word
