@@ -706,7 +706,9 @@ class Scheduler:
         else:  # as for a worker lane's batch, a failed call says nothing of the pace
             self._observe_pace(stream.lane, time.perf_counter() - started, len(segment))
             backend = stream.voice.backend
-            if isinstance(backend, WordTimer):
+            if self._generations.get(stream.slot) != generation:
+                pass  # cancelled or closed meanwhile: nobody wants its words
+            elif isinstance(backend, WordTimer):
                 self._words(stream, utterance, offset_s, backend.last_words(), "engine")
             else:
                 span = utterance.native_s - offset_s

@@ -79,8 +79,8 @@ class CallLeg(abc.ABC):
         if isinstance(event, Ready):
             return  # the leg has no client to tell; the application gets call_started
         self.publish(event)
-        if isinstance(event, UtteranceDone):
-            self.vendor_utterance_done()
+        if isinstance(event, UtteranceDone) and not event.cancelled:
+            self.vendor_utterance_done()  # (a cancel is not the end of what is playing)
 
     def backlogged(self) -> bool:
         return self._paused

@@ -153,7 +153,9 @@ class Playback:
 
     @property
     def full(self) -> bool:
-        return len(self._queue) >= self.max_items
+        """No room: cancelled utterances the engine still works on count too, so that a
+        speak-and-cancel loop cannot queue engine work without bound."""
+        return len(self._queue) + len(self._skipped) >= self.max_items
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -250,6 +252,8 @@ class Playback:
         if start_pos is not None and end_pos is not None:
             item.start_pos = item.start_pos if item.start_pos is not None else start_pos
             item.end_pos = end_pos
+        elif item.start_pos is None and self._skipped.get(seq) is item:
+            del self._skipped[seq]  # cancelled, then failed before any audio: nothing to skip
 
     def drop(self, seq: int) -> None:
         """Remove utterance ``seq`` before any of it played (it never reached the engine)."""
@@ -264,7 +268,7 @@ class Playback:
                 nxt.head_at = item.head_at
 
     def cancel(
-        self, utterance_id: str, frame_ms: int, *, in_engine: bool = True
+        self, utterance_id: str, frame_ms: int, *, in_engine: bool = True, now: float = 0.0
     ) -> tuple[int, list[SessionEvent]] | None:
         """Drop one queued or playing utterance; None when no such utterance is queued.
 
@@ -291,7 +295,8 @@ class Playback:
         if was_head and self._queue:
             nxt = self._queue[0]
             if isinstance(nxt, QueuedUtterance) and nxt.head_at is None:
-                nxt.head_at = item.head_at
+                # it waited behind a prompt that played: its wait starts now
+                nxt.head_at = now if item.first_frame_at is not None else item.head_at
         first_audio_ms = None
         if item.first_frame_at is not None:
             since = max(item.head_at or item.requested_at, item.requested_at)
@@ -361,7 +366,7 @@ class Playback:
             return result
         # After the frame: the utterance it ended, and the marks right behind it.
         result.status = FrameStatus.FRAME
-        if head.end_pos is not None and ring.read_pos >= head.end_pos:
+        if head.end_pos is not None and ring.read_pos >= head.end_pos and self._complete(head):
             self._finish(head, now, result.after)
             while self._queue and isinstance(self._queue[0], QueuedMark | QueuedFlush):
                 marker = self._queue[0]
@@ -387,7 +392,7 @@ class Playback:
         elif head.end_pos is not None and available > 0:
             frame = ring.read(available) + bytes(self.frame_bytes - available)  # pad the tail
         elif head.end_pos is not None:
-            return FrameStatus.IDLE
+            return FrameStatus.IDLE if self._complete(head) else FrameStatus.WAITING
         else:
             return FrameStatus.STARVED if head.first_frame_at is not None else FrameStatus.WAITING
         if head.first_frame_at is None:
@@ -397,6 +402,12 @@ class Playback:
         self._words_begun(head, result.before)
         result.frame = frame
         return FrameStatus.FRAME
+
+    def _complete(self, head: QueuedUtterance) -> bool:
+        """All of ``head``'s audio is out, and, when words are wanted, the engine's end
+        message has come too: it follows the utterance's last words on the socket, while
+        the boundary record that told us the end may be visible before them."""
+        return not self.emit_words or head.samples is not None or head.error is not None
 
     def _skip_cancelled(self, ring: RingReader) -> None:
         """Read past the audio of cancelled utterances that precede every live one in

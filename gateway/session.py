@@ -409,6 +409,7 @@ class Session:
         """Utterance ``seq`` waited too long at the admission gate: drop it."""
         if self._open is not None and self._open.seq == seq:
             self._open = None
+            self._stop_buffer_deadline()
         if self.playback is not None:
             self.playback.drop(seq)
             self._pacer.wake(self)
@@ -439,7 +440,7 @@ class Session:
         frame_ms = self.options.format.frame_ms if self.options is not None else 20
         seq = playback.seq_of(utterance_id)
         in_engine = seq is not None and not self._admission.holding(seq)
-        dropped = playback.cancel(utterance_id, frame_ms, in_engine=in_engine)
+        dropped = playback.cancel(utterance_id, frame_ms, in_engine=in_engine, now=self._clock())
         if dropped is None:
             raise SessionError(
                 ErrorCode.UNKNOWN_UTTERANCE,
@@ -448,7 +449,8 @@ class Session:
                 utterance_id,
             )
         seq, events = dropped
-        self._admission.close(seq)
+        if not in_engine:  # else the gate counts it until the engine ends it
+            self._admission.close(seq)
         for event in events:
             self._peer.send_event(event)
         self._pacer.wake(self)

@@ -11,7 +11,8 @@ one, or one of OpenAI's names, which speak with the engine's default voice),
 
 The answer streams as it is synthesized (chunked transfer encoding), as fast as the
 engine produces it, with backpressure: a client that reads slowly holds the session's
-pacing (at most :data:`MAX_BUFFERED_FRAMES` frames wait), not the worker's memory. The
+pacing (about :data:`MAX_BUFFERED_FRAMES` frames wait, plus at most what one pump takes
+from the engine's ring), not the worker's memory. The
 session is an ordinary one (protocol ``openai``): tenant limits, admission control and
 the drain apply. Errors before the first audio are HTTP errors in OpenAI's shape
 (``{"error": {"message", "type", "param", "code"}}``: 400, 401, 403, 413, 429, 503 with
@@ -43,7 +44,8 @@ _auth_log = PeerLog(log, "speech API")
 SCOPE: Final = "tts:stream"
 MAX_BODY_BYTES: Final = 64 * 1024
 MAX_INPUT_CHARS: Final = 4096  # OpenAI's limit
-#: Frames buffered for a slow reader before the session stops producing (2 s of audio).
+#: Frames queued for a slow reader before the session stops producing (2 s of audio;
+#: one pump may add what the engine's ring holds, a few seconds more).
 MAX_BUFFERED_FRAMES: Final = 100
 #: Burst pacing's lead for a speech request: in effect none (see MAX_BUFFERED_FRAMES).
 UNLIMITED_LEAD_S: Final = 24 * 3600.0
@@ -269,34 +271,41 @@ async def _synthesize(
     session.done.add_done_callback(lambda _done: peer.frames.put_nowait(None))
     encoder = fmt.encoder()
     first = await _next_frame(peer)
-    if first is None:  # nothing at all: an HTTP error is still possible
-        error = peer.error
+    error = peer.error
+    if first is None or error is not None:  # nothing sent yet: an HTTP error still fits
         if error is not None:
-            return openai_error(500, error.message, code=error.code)
+            code = _error_code(str(error.code)) or ErrorCode.ENGINE_ERROR
+            return _session_error(SessionError(code, error.message))
+        ended = session.done.result()[1] if session.done.done() else ""
+        if not _ended_normally(session) and _error_code(ended) is not None:
+            return _session_error(SessionError(ErrorCode(ended), "the session ended early"))
         return openai_error(500, "the engine produced no audio", code=ErrorCode.ENGINE_ERROR)
     response = web.StreamResponse(headers={"Content-Type": fmt.content_type})
     response.enable_chunked_encoding()
-    await response.prepare(request)
-    await response.write(encoder.start() + encoder.encode(first))
-    frames = 1
-    while True:
-        frame = await _next_frame(peer)
-        if peer.error is not None or (frame is None and not _ended_normally(session)):
-            reason = peer.error.code if peer.error is not None else "stalled or closed"
-            log.warning("speech request: ended after %d frames: %s", frames, reason)
-            if request.transport is not None:
-                request.transport.close()  # no final chunk: the client sees a cut body
-            return response
-        if frame is None:
-            break
-        chunk = encoder.encode(frame)
-        if chunk:
-            await response.write(chunk)
-        frames += 1
-    tail = encoder.end()
-    if tail:
-        await response.write(tail)
-    await response.write_eof()
+    try:
+        await response.prepare(request)
+        await response.write(encoder.start() + encoder.encode(first))
+        frames = 1
+        while True:
+            frame = await _next_frame(peer)
+            if peer.error is not None or (frame is None and not _ended_normally(session)):
+                reason = peer.error.code if peer.error is not None else "stalled or closed"
+                log.warning("speech request: ended after %d frames: %s", frames, reason)
+                if request.transport is not None:
+                    request.transport.abort()  # no final chunk: the client sees a cut body
+                return response
+            if frame is None:
+                break
+            chunk = encoder.encode(frame)
+            if chunk:
+                await response.write(chunk)
+            frames += 1
+        tail = encoder.end()
+        if tail:
+            await response.write(tail)
+        await response.write_eof()
+    except ConnectionError:  # the client went away: its session is released all the same
+        log.info("speech request: the client left")
     return response
 
 
@@ -306,6 +315,13 @@ async def _next_frame(peer: _SpeechPeer) -> bytes | None:
         async with asyncio.timeout(STALL_TIMEOUT_S):
             return await peer.frames.get()
     except TimeoutError:
+        return None
+
+
+def _error_code(name: str) -> ErrorCode | None:
+    try:
+        return ErrorCode(name)
+    except ValueError:
         return None
 
 

@@ -355,9 +355,10 @@ async def test_websocket_session_through_nginx(nginx: Nginx, gateway: GatewayPro
 async def test_other_websocket_protocols_are_upgraded(
     nginx: Nginx, gateway: GatewayProcess, http: aiohttp.ClientSession
 ) -> None:
-    """Twilio and Asterisk paths reach the gateway as WebSockets (a missing token is
-    refused by the gateway after the upgrade, or with its own HTTP error -- not by nginx)."""
-    for path in ("/v1/twilio", "/v1/asterisk"):
+    """Twilio, Asterisk, jambonz and FreeSWITCH paths reach the gateway as WebSockets (a
+    missing token is refused by the gateway after the upgrade, or with its own HTTP error --
+    not by nginx)."""
+    for path in ("/v1/twilio", "/v1/asterisk", "/v1/jambonz", "/v1/freeswitch"):
         assert path in PROTOCOLS
         token = gateway.token()
         async with http.ws_connect(f"{nginx.base}{path}?access_token={token}") as ws:
@@ -373,6 +374,17 @@ async def test_voices_api_through_nginx(
         body = await resp.json()
     ids = {v["id"] for v in body["voices"]}
     assert {"en-us", "zh", "yue"} <= ids
+
+
+async def test_openai_speech_streams_through_nginx(
+    nginx: Nginx, gateway: GatewayProcess, http: aiohttp.ClientSession
+) -> None:
+    headers = {"Authorization": f"Bearer {gateway.token()}"}
+    body = {"model": "tts-1", "voice": "en-us", "input": "Hello.", "response_format": "pcm"}
+    async with http.post(f"{nginx.base}/v1/audio/speech", json=body, headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+        audio = await resp.read()
+    assert len(audio) > 24_000 * 2 * 0.2  # over 200 ms of 24 kHz PCM
 
 
 async def test_voice_upload_of_the_gateways_full_size_passes_nginx(

@@ -820,3 +820,47 @@ def test_words_timed_after_their_audio_went_out_come_before_the_end():
     last = pb.next_frame(ring, 0.0)
     assert not any(isinstance(e, Words) for e in first.before)
     assert [e for e in last.before if isinstance(e, Words)] == [Words("u1", (Word("late", 0, 40),))]
+
+
+def test_a_cancelled_utterance_that_fails_before_any_audio_is_not_skipped_for_ever():
+    ring = make_ring()
+    pb = Playback(sample_rate=RATE, frame_bytes=FRAME, max_items=3)
+    for seq in (1, 2):
+        pb.enqueue_utterance(seq, f"u{seq}", 0.0)
+    assert pb.cancel("u1", frame_ms=20) is not None
+    assert pb.skipping and len(pb) == 1
+    pb.enqueue_utterance(3, "u3", 0.0)
+    assert pb.full  # the cancelled one still counts while the engine works on it
+    pb.on_failed(1, "backend_error", "boom", None, None)  # no audio: nothing to skip
+    assert not pb.skipping and not pb.full
+    a2 = pcm(FRAME, 2)
+    start = ring.write_pos
+    ring.write(a2)  # its bytes are visible before its first-audio message
+    assert frames_of(drain(pb, ring)) == []
+    pb.on_audio(2, start, 0.0)
+    pb.on_end(2, start, ring.write_pos, len(a2) // 2)
+    assert frames_of(drain(pb, ring)) == [a2]  # not read past
+
+
+def test_with_words_an_utterance_ends_only_after_the_engine_s_end_message():
+    """The boundary record can show the end before the last words arrive on the socket:
+    the utterance waits for the end message, which follows them."""
+    ring = make_ring()
+    bnd = make_ring(64 * 16)
+    pb = Playback(
+        sample_rate=RATE, frame_bytes=FRAME, boundaries=BoundaryReader(bnd), emit_words=True
+    )
+    pb.enqueue_utterance(1, "u1", 0.0)
+    audio = pcm(2 * FRAME)
+    ring.write(audio)
+    pb.on_audio(1, 0, 0.0)
+    assert BoundaryWriter(bnd).append(1, ring.write_pos)
+    items = drain(pb, ring)
+    assert len(frames_of(items)) == 2
+    assert not any(isinstance(e, UtteranceDone) for e in events_of(items))
+    pb.on_words(1, [Word("last", 0, 40)])
+    pb.on_end(1, 0, ring.write_pos, len(audio) // 2)
+    words, done = events_of(drain(pb, ring))
+    assert words == Words("u1", (Word("last", 0, 40),))
+    assert isinstance(done, UtteranceDone) and done.played is not None
+    assert done.played.played_text == "last"
