@@ -177,6 +177,12 @@ class _Cancel:
 
 
 @dataclass(frozen=True)
+class _CancelUtterance:
+    slot: int
+    utterance: int
+
+
+@dataclass(frozen=True)
 class _Prepare:
     request_id: int
     owner: object
@@ -227,7 +233,9 @@ class _BatchDone:
     seconds: float
 
 
-_Command = _Open | _Speak | _Cancel | _Prepare | _Audio | _Words | _BatchDone | None
+_Command = (
+    _Open | _Speak | _Cancel | _CancelUtterance | _Prepare | _Audio | _Words | _BatchDone | None
+)
 
 
 @dataclass
@@ -350,6 +358,11 @@ class Scheduler:
         self._generations[slot] = self._generations.get(slot, 0) + 1
         self._commands.put(_Cancel(slot, close=False))
 
+    def cancel_utterance(self, slot: int, utterance: int) -> None:
+        """Synthesize no more of ``utterance`` than the segment in progress; it then ends
+        as usual. Its later text is ignored."""
+        self._commands.put(_CancelUtterance(slot, utterance))
+
     def prepare_voice(
         self, *, request_id: int, owner: object, pcm16k: bytes, language: str | None
     ) -> None:
@@ -402,7 +415,10 @@ class Scheduler:
                 return
 
     def _apply(
-        self, command: _Open | _Speak | _Cancel | _Prepare | _Audio | _Words | _BatchDone
+        self,
+        command: (
+            _Open | _Speak | _Cancel | _CancelUtterance | _Prepare | _Audio | _Words | _BatchDone
+        ),
     ) -> None:
         if isinstance(command, _Prepare):
             self._prepare(command)
@@ -412,6 +428,10 @@ class Scheduler:
             return
         if isinstance(command, _Words):
             self._take_words(command)
+            return
+        if isinstance(command, _CancelUtterance):
+            self._cancel_utterance(command)
+            self._dirty[command.slot] = None
             return
         if isinstance(command, _BatchDone):
             self._batch_done(command)
@@ -479,6 +499,17 @@ class Scheduler:
             utterance.final = True
         elif command.release:
             utterance.segments.extend(utterance.splitter.release())
+
+    def _cancel_utterance(self, command: _CancelUtterance) -> None:
+        stream = self._streams.get(command.slot)
+        if stream is None:
+            return
+        for utterance in stream.utterances:
+            if utterance.seq == command.utterance:
+                utterance.segments.clear()  # the one a worker may hold is its last
+                utterance.splitter = SegmentSplitter(language=stream.voice.language)
+                utterance.final = True
+        stream.failed.append(command.utterance)  # its later text is ignored
 
     def _drop_work(self, command: _Cancel) -> None:
         stream = self._streams.get(command.slot)

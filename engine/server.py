@@ -21,6 +21,7 @@ from engine.backends.routing import BackendSet
 from engine.ipc.schema import (
     PROTOCOL_VERSION,
     Cancel,
+    CancelUtterance,
     CloseStream,
     FrameDecoder,
     FramingError,
@@ -187,6 +188,10 @@ class _Connection(asyncio.Protocol):
             slot = self.streams.get(message.stream_id)
             if slot is not None:
                 server.scheduler.cancel(slot)
+        elif isinstance(message, CancelUtterance):
+            slot = self.streams.get(message.stream_id)
+            if slot is not None:
+                server.scheduler.cancel_utterance(slot, message.utterance)
         elif isinstance(message, PrepareVoice):
             server.scheduler.prepare_voice(
                 request_id=message.request_id,

@@ -451,6 +451,10 @@ class Session:
         seq, events = dropped
         if not in_engine:  # else the gate counts it until the engine ends it
             self._admission.close(seq)
+        elif self.stream is not None:
+            # it ends after its segment in progress; a lost engine ends the session anyway
+            with contextlib.suppress(EngineUnavailable):
+                self.stream.cancel_utterance(seq)
         for event in events:
             self._peer.send_event(event)
         self._pacer.wake(self)

@@ -21,6 +21,7 @@ from engine.ipc.schema import (
     PROTOCOL_VERSION,
     Cancel,
     Cancelled,
+    CancelUtterance,
     CloseStream,
     FrameDecoder,
     FramingError,
@@ -105,6 +106,11 @@ class EngineStream:
                 release=release,
             )
         )
+
+    def cancel_utterance(self, utterance: int) -> None:
+        """Stop synthesizing ``utterance`` after its segment in progress (no reply: it
+        ends with ``UtteranceEnd`` as usual)."""
+        self.client.send(CancelUtterance(stream_id=self.stream_id, utterance=utterance))
 
     def request_cancel(self, timeout: float = 2.0) -> asyncio.Future[int]:
         """Stop the engine's work. The future resolves to the ring position where the

@@ -29,7 +29,7 @@ from typing import Final
 
 import msgspec
 
-PROTOCOL_VERSION: Final = 2  # 2: UtteranceWords, Speak.release
+PROTOCOL_VERSION: Final = 2  # 2: UtteranceWords, Speak.release, CancelUtterance
 MAX_FRAME_BYTES: Final = 4 << 20  # a 30 s reference recording (PrepareVoice) is ~1 MB
 _LENGTH = struct.Struct(">I")
 
@@ -81,6 +81,15 @@ class Cancel(Message):
     """Drop every queued and running utterance of the stream."""
 
     stream_id: int
+
+
+class CancelUtterance(Message):
+    """Stop synthesizing ``utterance``: its segments not yet begun are dropped and the
+    segment in progress is its last; it then ends as usual (``UtteranceEnd``), so the
+    gateway knows where its audio stops. Later text for it is ignored. No reply."""
+
+    stream_id: int
+    utterance: int
 
 
 class CloseStream(Message):
@@ -250,7 +259,7 @@ class ProtocolError(Message):
     message: str
 
 
-ToEngine = Hello | Ping | OpenStream | Speak | Cancel | CloseStream | PrepareVoice
+ToEngine = Hello | Ping | OpenStream | Speak | Cancel | CancelUtterance | CloseStream | PrepareVoice
 FromEngine = (
     Welcome
     | Pong

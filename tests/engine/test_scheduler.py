@@ -574,6 +574,26 @@ def test_short_prompt_is_not_starved_by_long_text(slow_harness):
     assert long_end.at - short_end.at > 5 * segment_s
 
 
+def test_a_cancelled_utterance_ends_after_its_segment_and_the_next_follows(slow_harness):
+    harness = slow_harness
+    harness.open(0, capacity=1 << 22)
+    harness.scheduler.speak(0, 1, long_text(15), True)
+    harness.scheduler.speak(0, 2, "Hi there.", True)
+    harness.events.wait(UtteranceAudio, 100, 1)
+    harness.scheduler.cancel_utterance(0, 1)
+    harness.scheduler.speak(0, 1, " More text for it.", False)  # ignored: it was cancelled
+    cut = harness.events.wait(UtteranceEnd, 100, 1).message
+    nxt = harness.events.wait(UtteranceEnd, 100, 2).message
+    assert isinstance(cut, UtteranceEnd) and isinstance(nxt, UtteranceEnd)
+    full_chars = sum(len(s) for s in segments_for([long_text(15)]))
+    assert cut.samples < full_chars * SAMPLES_PER_CHAR / 4  # a segment or two, not 15
+    assert nxt.start_pos == cut.end_pos  # the next one follows at once
+    assert [m for m in harness.events.messages(100) if isinstance(m, UtteranceEnd)] == [
+        cut,
+        nxt,
+    ]  # and the later text made no new utterance
+
+
 def test_streams_take_turns_per_segment(slow_harness):
     harness = slow_harness
     harness.open(0, capacity=1 << 21)

@@ -19,6 +19,9 @@ class FakeStream:
     def speak(self, utterance: int, text: str, *, final: bool, release: bool = False) -> None:
         pass
 
+    def cancel_utterance(self, utterance: int) -> None:
+        pass
+
     def request_cancel(self, timeout: float = 2.0) -> asyncio.Future[int]:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         future.set_result(self.outbound.write_pos)

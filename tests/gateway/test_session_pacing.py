@@ -101,6 +101,9 @@ class FakeStream:
     def speak(self, utterance: int, text: str, *, final: bool, release: bool = False) -> None:
         self.speaks.append((utterance, text, final))
 
+    def cancel_utterance(self, utterance: int) -> None:
+        pass
+
     def request_cancel(self, timeout: float = 2.0) -> asyncio.Future[int]:
         self.cancels += 1
         loop = asyncio.get_running_loop()

@@ -14,6 +14,7 @@ from engine.ipc.schema import (
     PROTOCOL_VERSION,
     Cancel,
     Cancelled,
+    CancelUtterance,
     CloseStream,
     FrameDecoder,
     FramingError,
@@ -58,6 +59,7 @@ TO_ENGINE: list[Message] = [
     Speak(stream_id=1, utterance=2, text="你好！欢迎致电。😀", final=False),
     Speak(stream_id=1, utterance=3, text=""),
     Cancel(stream_id=1),
+    CancelUtterance(stream_id=1, utterance=7),
     CloseStream(stream_id=1),
 ]
 
