@@ -82,6 +82,7 @@ class JambonzPeer(_L16Peer):
         self.call_sid = f"7c0d3f6e-0000-4000-8000-{next(self._ids):012x}"
         self.kills: list[float] = []
         self.disconnects: list[float] = []
+        self.plays: list[tuple[float, int]] = []  # (arrival, PCM bytes) per playAudio
         self.marks_reported: list[tuple[float, str, str]] = []  # (sent, name, event)
         self._pending_marks: list[str] = []
 
@@ -145,8 +146,26 @@ class JambonzPeer(_L16Peer):
             self._pending_marks.clear()
         elif kind == "disconnect":
             self.disconnects.append(now)
+        elif kind == "playAudio":
+            self._on_play_audio(now, message.get("data"), text)
         else:
             self.violations.append(f"unexpected message {text[:80]!r}")
+
+    def _on_play_audio(self, now: float, data: object, text: str) -> None:
+        """A file to queue and play (non-streaming bidirectional audio)."""
+        try:
+            assert isinstance(data, dict)
+            assert data["audioContentType"] == "raw" and data["sampleRate"] == L16_RATE
+            pcm = base64.b64decode(data["audioContent"], validate=True)
+        except (AssertionError, KeyError, ValueError, binascii.Error):
+            self.violations.append(f"not a raw playAudio message: {text[:80]!r}")
+            return
+        if not pcm or len(pcm) % 2:
+            self.violations.append(f"playAudio of {len(pcm)} bytes (not L16)")
+            return
+        self.plays.append((now, len(pcm)))
+        self.media.append((now, pcm))
+        self.player.enqueue_media(pcm)
 
     def _report_soon(self, name: str, event: str) -> None:
         task = asyncio.ensure_future(self._report(name, event))

@@ -84,6 +84,26 @@ async def test_a_prompt_plays_in_full_paced_and_its_mark_waits_for_playout(
     assert event_time(app, mark) >= reported_at  # reached only once jambonz played it
 
 
+async def test_without_streaming_the_prompt_goes_back_as_play_audio_files(
+    jambonz: JambonzConnect, connect: Connect, gateway: GatewayProcess
+) -> None:
+    peer = await jambonz(audio="playaudio", chunk_ms="500")
+    await peer.send_metadata()
+    app = await attach(lambda token="": connect(gateway.token()), peer.call_sid)
+    await app.send(type="speak", text=PROMPT, utterance_id="p")
+    await app.send(type="mark", name="after")
+    done = await app.wait_event("utterance_done", utterance_id="p", timeout=20)
+    mark = await app.wait_event("mark", timeout=5)
+    await peer.wait_played()
+    assert peer.ws.protocol == "audio.jambonz.org"
+    sizes = [size for _t, size in peer.plays]
+    assert sizes[:-1] and all(size == 8000 for size in sizes[:-1])  # 500 ms per file
+    assert abs(sum(sizes) / 16 - done["audio_ms"]) <= 40  # no tail silence on files
+    assert level_dbfs(peer.pcm()) > -35
+    assert mark == {"type": "mark", "name": "after", "cleared": False}
+    assert peer.marks_reported == []  # no jambonz marks on files
+
+
 async def test_dtmf_reaches_the_application(
     jambonz: JambonzConnect, connect: Connect, gateway: GatewayProcess
 ) -> None:
