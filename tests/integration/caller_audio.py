@@ -118,3 +118,9 @@ def wav_bytes(pcm: np.ndarray, rate: int, fmt: str = "WAV") -> bytes:
     out = io.BytesIO()
     sf.write(out, pcm, rate, format=fmt, subtype="PCM_16" if fmt in ("WAV", "FLAC") else None)
     return out.getvalue()
+
+
+def level_dbfs(pcm: np.ndarray) -> float:
+    """RMS level of 16-bit PCM in dBFS (speech from these voices sits around -20)."""
+    rms = float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2)))
+    return float(20 * np.log10(max(rms, 1e-9) / 32768))

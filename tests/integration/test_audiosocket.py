@@ -228,11 +228,6 @@ async def call(
     return peer, app
 
 
-def level_dbfs(pcm: npt.NDArray[np.int16]) -> float:
-    rms = float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2)))
-    return float(20 * np.log10(max(rms, 1e-9) / 32768))
-
-
 async def sessions_active_reaches_zero(gw: GatewayProcess, timeout: float = 5.0) -> float:
     deadline = time.monotonic() + timeout
     while True:
@@ -271,7 +266,7 @@ async def test_a_prompt_arrives_whole_paced_and_at_speech_level(
     assert max_run_ahead_ms(chunks, bytes_per_second=rate * 2) <= 120
     gaps = np.diff(arrivals[3:])  # after the lead's first frames
     assert 18.5 <= float(np.median(gaps)) * 1000 <= 21.5
-    assert level_dbfs(pcm) > -35  # speech, not silence
+    assert caller_audio.level_dbfs(pcm) > -35  # speech, not silence
 
 
 # --------------------------------------------------------------------------- DTMF

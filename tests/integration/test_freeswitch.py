@@ -9,7 +9,6 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
-import numpy.typing as npt
 import pytest
 
 from tests.integration import caller_audio
@@ -53,11 +52,6 @@ async def started(
     return peer, app
 
 
-def level_dbfs(pcm: npt.NDArray[np.int16]) -> float:
-    rms = float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2)))
-    return float(20 * np.log10(max(rms, 1e-9) / 32768))
-
-
 async def test_a_prompt_streams_as_paced_stream_audio_chunks(
     freeswitch: FreeSwitchConnect, connect: Connect, gateway: GatewayProcess
 ) -> None:
@@ -71,7 +65,7 @@ async def test_a_prompt_streams_as_paced_stream_audio_chunks(
     await peer.wait_played()
     pcm = peer.pcm()
     assert abs(len(pcm) / 8 - done["audio_ms"]) <= 40
-    assert level_dbfs(pcm) > -35
+    assert caller_audio.level_dbfs(pcm) > -35
     sizes = [size for _t, size in peer.messages]
     assert all(size == CHUNK_MS * 16 for size in sizes[:-1])  # 100 ms per message
     chunks = [(t, size) for t, size in peer.messages]

@@ -7,7 +7,6 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
-import numpy.typing as npt
 import pytest
 
 from tests.integration import caller_audio
@@ -48,11 +47,6 @@ async def started(
     return peer, app
 
 
-def level_dbfs(pcm: npt.NDArray[np.int16]) -> float:
-    rms = float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2)))
-    return float(20 * np.log10(max(rms, 1e-9) / 32768))
-
-
 async def test_the_subprotocol_is_accepted_and_the_call_carries_jambonz_attributes(
     jambonz: JambonzConnect, connect: Connect, gateway: GatewayProcess
 ) -> None:
@@ -74,7 +68,7 @@ async def test_a_prompt_plays_in_full_paced_and_its_mark_waits_for_playout(
     await peer.wait_played()
     pcm = peer.pcm()
     assert abs(len(pcm) / 8 - (done["audio_ms"] + TAIL_MS)) <= 40
-    assert level_dbfs(pcm[: done["audio_ms"] * 8]) > -35
+    assert caller_audio.level_dbfs(pcm[: done["audio_ms"] * 8]) > -35
     chunks = [(t, len(data)) for t, data in peer.media]
     prompt_chunks = chunks[: -(TAIL_MS // 20)]  # the tail silence goes out at once
     assert max_run_ahead_ms(prompt_chunks, 16000) <= 100  # paced, not a burst
@@ -99,7 +93,7 @@ async def test_without_streaming_the_prompt_goes_back_as_play_audio_files(
     sizes = [size for _t, size in peer.plays]
     assert sizes[:-1] and all(size == 8000 for size in sizes[:-1])  # 500 ms per file
     assert abs(sum(sizes) / 16 - done["audio_ms"]) <= 40  # no tail silence on files
-    assert level_dbfs(peer.pcm()) > -35
+    assert caller_audio.level_dbfs(peer.pcm()) > -35
     assert mark == {"type": "mark", "name": "after", "cleared": False}
     assert peer.marks_reported == []  # no jambonz marks on files
 

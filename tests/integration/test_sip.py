@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pytest
 from aiohttp import web
 
@@ -141,11 +140,6 @@ def assert_one_clean_stream(peer: RtpPeer) -> None:
     assert packets[0].marker
 
 
-def level_dbfs(pcm: npt.NDArray[np.int16]) -> float:
-    rms = float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2)))
-    return float(20 * np.log10(max(rms, 1e-9) / 32768))
-
-
 # --------------------------------------------------------------------------- the demo
 
 
@@ -179,7 +173,7 @@ async def test_the_demo_ivr_greets_takes_a_digit_confirms_and_hangs_up(
     expected = await prompt_ms(connect, GREETING, fmt)
     assert abs(greeting_packets * 20 - expected) <= 20
     greeting = peer.audio()[: greeting_packets * 160]
-    assert level_dbfs(greeting) > -35  # speech, not silence
+    assert caller_audio.level_dbfs(greeting) > -35  # speech, not silence
     assert_one_clean_stream(peer)
     spurts = peer.talkspurts()
     assert len(spurts) >= 2  # the greeting, then the confirmation and goodbye
@@ -359,7 +353,7 @@ async def test_baresip_calls_in_and_hears_the_whole_prompt(
         await proc.wait()
     heard = decoded_dump(dumps)
     assert abs(len(heard) / 8 - done["audio_ms"]) <= 60  # every frame, nothing more
-    assert level_dbfs(heard) > -35
+    assert caller_audio.level_dbfs(heard) > -35
 
 
 # --------------------------------------------------------------------------- dialogs

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 import openai
 import pytest
 import soundfile  # type: ignore[import-untyped]
 
+from tests.integration import caller_audio
 from tests.integration.conftest import Connect
 from tests.integration.harness import GatewayProcess, metric
 
@@ -54,18 +54,13 @@ async def speech(gw: GatewayProcess, response_format: Format, text: str = TEXT) 
         return await response.read()
 
 
-def level_dbfs(pcm: npt.NDArray[np.int16]) -> float:
-    rms = float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2)))
-    return float(20 * np.log10(max(rms, 1e-9) / 32768))
-
-
 async def test_pcm_and_wav_hold_the_whole_utterance(
     gateway: GatewayProcess, connect: Connect
 ) -> None:
     expected_ms = await native_ms(connect, TEXT)
     pcm = np.frombuffer(await speech(gateway, "pcm"), dtype="<i2")
     assert abs(len(pcm) / 24 - expected_ms) <= 40
-    assert level_dbfs(pcm) > -35  # speech, not silence
+    assert caller_audio.level_dbfs(pcm) > -35  # speech, not silence
     wav_bytes = await speech(gateway, "wav")
     header = wav_bytes[:44]
     assert header[:4] == b"RIFF" and header[8:16] == b"WAVEfmt "
@@ -80,7 +75,7 @@ async def test_mp3_decodes_to_the_utterance(gateway: GatewayProcess, connect: Co
     assert rate == 24000
     # an MP3 decoder adds the encoder's delay and pads the last frame (1152 samples)
     assert -40 <= len(audio) / 24 - expected_ms <= 40 + 2 * 1152 / 24
-    assert level_dbfs(np.asarray(audio)) > -35
+    assert caller_audio.level_dbfs(np.asarray(audio)) > -35
 
 
 async def test_opus_is_ogg_that_opusdec_decodes(
@@ -103,7 +98,7 @@ async def test_opus_is_ogg_that_opusdec_decodes(
         assert decoded.getframerate() == 48000
     pcm = np.frombuffer(frames, dtype="<i2")
     assert abs(len(pcm) / 48 - expected_ms) <= 40
-    assert level_dbfs(pcm) > -35
+    assert caller_audio.level_dbfs(pcm) > -35
 
 
 async def test_the_body_streams_as_it_is_synthesized(gateway: GatewayProcess) -> None:
