@@ -425,6 +425,11 @@ class Playback:
             if first_live is not None and seq > first_live.seq:
                 return  # its audio comes after a live utterance's
             item = self._skipped[seq]
+            if item.start_pos is None:
+                if item.samples is not None or item.error is not None:
+                    del self._skipped[seq]  # it ended without audio: nothing to skip
+                    continue
+                return  # its audio (if any) is not announced yet: read nothing
             if item.end_pos is None:
                 ring.discard_until(max(ring.read_pos, write_pos))
                 return

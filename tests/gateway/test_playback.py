@@ -864,3 +864,23 @@ def test_with_words_an_utterance_ends_only_after_the_engine_s_end_message():
     assert words == Words("u1", (Word("last", 0, 40),))
     assert isinstance(done, UtteranceDone) and done.played is not None
     assert done.played.played_text == "last"
+
+
+def test_a_cancelled_utterance_without_announced_audio_skips_nothing_of_the_next():
+    """The engine may end a cancelled utterance with no audio and no boundary record: until
+    its first audio is announced nothing may be read past, or the next one loses its
+    start."""
+    ring = make_ring()
+    pb = Playback(sample_rate=RATE, frame_bytes=FRAME)
+    pb.enqueue_utterance(1, "cut", 0.0)
+    pb.enqueue_utterance(2, "next", 0.0)
+    assert pb.cancel("cut", frame_ms=20) is not None
+    nxt = pcm(2 * FRAME, 2)
+    start = ring.write_pos
+    ring.write(nxt)  # the next one's bytes, before any message about either
+    assert drain(pb, ring) == [] and ring.read_pos == 0
+    pb.on_end(1, start, start, 0)  # the cut one ended empty
+    pb.on_audio(2, start, 0.0)
+    pb.on_end(2, start, ring.write_pos, len(nxt) // 2)
+    assert frames_of(drain(pb, ring)) == [nxt[:FRAME], nxt[FRAME:]]
+    assert not pb.skipping
