@@ -14,7 +14,7 @@ SYSTEM_STAMP := $(VENV)/.system-deps
 APT_PACKAGES := libopus0 opus-tools redis-server chromium fonts-wqy-microhei nginx prometheus \
   sip-tester baresip
 
-.PHONY: run test lint typecheck unit bench clean system-deps
+.PHONY: run test lint typecheck unit unit-parallel unit-realtime bench clean system-deps
 
 $(SYSTEM_STAMP):
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -44,10 +44,21 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-unit: $(STAMP)
-	$(PY) -m pytest -q
+# The suites run on every core (pytest-xdist, one test file per worker at a time), mypy
+# alongside them; then the tests marked `realtime` (timing asserted under load) run alone.
+PYTEST_WORKERS ?= 2
 
-test: lint typecheck unit
+unit: unit-parallel unit-realtime
+
+unit-parallel: $(STAMP)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not realtime"
+
+unit-realtime: $(STAMP)
+	$(PY) -m pytest -q -m realtime
+
+test: lint
+	@$(MAKE) --no-print-directory -j2 --output-sync=target typecheck unit-parallel
+	@$(MAKE) --no-print-directory unit-realtime
 
 BENCH_STAMP := $(VENV)/.installed-bench
 

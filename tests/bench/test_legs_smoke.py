@@ -35,7 +35,7 @@ from tests.bench.recorder import Recorder
 from tests.bench.script import Behaviour, converse, open_call
 from tests.bench.targets import GatewayTarget
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.realtime]
 
 Leg = TypeVar("Leg", JambonzCall, FreeSwitchCall)
 NEW_LEGS = ("asterisk", "jambonz", "freeswitch", "audiosocket")

@@ -17,7 +17,7 @@ from tests.bench import plots, report
 from tests.bench.loadgen import LoadOptions, run_level
 from tests.bench.targets import GatewayTarget
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.realtime]
 
 
 def smoke_options(**overrides: Any) -> LoadOptions:

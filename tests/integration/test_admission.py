@@ -16,6 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.harness import GatewayProcess, NativeClient
 from tests.integration.pacing import assert_on_time, lateness
 
+# Timing under load: `make test` runs these alone, after the parallel suites.
+pytestmark = pytest.mark.realtime
+
 PROMPT = "Your call is important to us. Please stay on the line."
 
 

@@ -37,6 +37,9 @@ import soundfile as sf  # type: ignore[import-untyped]
 from gateway.voices.reference_audio import MAX_UPLOAD_BYTES
 from tests.integration.harness import GatewayProcess, NativeClient
 
+# Timing under load: `make test` runs these alone, after the parallel suites.
+pytestmark = pytest.mark.realtime
+
 UPLOADS = 30
 PROMPT = "Thank you for calling. Your call is important to us, please stay on the line."
 TEXT = " ".join([PROMPT] * 20)  # about 100 s of speech: longer than any burst
