@@ -188,6 +188,7 @@ CASES: dict[str, Callable[..., Awaitable[None]]] = {
 }
 
 
+@pytest.mark.realtime  # frame timing under load: run alone (see the Makefile)
 async def test_bad_input_never_disturbs_a_healthy_session(
     gateway: GatewayProcess, connect: Connect
 ) -> None:
