@@ -650,7 +650,7 @@ class Scheduler:
 
             started = time.perf_counter()
             error: tuple[str, str] | None = None
-            segments = [SynthesisJob(j.text, j.voice) for j in jobs]
+            segments = [SynthesisJob(j.text, j.voice, j.offset_s == 0.0) for j in jobs]
             try:
                 if getattr(lane.batch, "times_words", False):
                     lane.batch.synthesize_batch(segments, emit, timed)  # type: ignore[call-arg]

@@ -122,10 +122,13 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class SynthesisJob:
-    """One segment of one stream in a batch: normalized text and a voice handle."""
+    """One segment of one stream in a batch: normalized text and a voice handle.
+    ``leading``: the utterance's first segment, whose first audio a caller is waiting
+    for (a backend may then emit a short first piece early, at some extra cost)."""
 
     text: str
     voice: object
+    leading: bool = False
 
 
 # Receives (job index, int16 PCM of that job); False: that job is no longer wanted.

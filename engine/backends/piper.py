@@ -26,6 +26,17 @@ per call. Measured on CPU, padded batches are not faster than single runs (see
 docs/benchmarks.md), so ``ENGINE_MAX_BATCH`` defaults to 1; the batch path is tested
 against single runs and is what a GPU deployment turns on.
 
+First audio early: a segment's decoder (the HiFi-GAN part, about 70 % of the work) can
+run in two pieces. At load time a model whose graph has Piper's ``/dec/`` naming, with one
+input of its own (the latent frames), is cut there into a front model (text to latent
+frames, lengths and durations) and a decoder model. The first segment of an utterance
+(:attr:`~engine.backends.base.SynthesisJob.leading`) that is long enough is decoded as a
+first chunk, emitted at once, then the rest: each piece is given
+:data:`DECODER_CONTEXT_FRAMES` frames of the other as context, which is the decoder's
+receptive field, so the joined audio equals one run (measured: within 1e-6 of full
+scale). The first chunk holds enough audio to cover decoding the rest several times over.
+Later segments, and short ones, are decoded whole: splitting costs twice the context.
+
 Threads: one ONNX Runtime session per model is shared by the scheduler's worker threads
 (``run`` is thread-safe and releases the GIL), each run single-threaded
 (``intra_op_num_threads=1``) so that ``ENGINE_WORKERS`` runs use that many cores.
@@ -63,6 +74,18 @@ from engine.ipc.schema import VoiceInfo
 log = logging.getLogger(__name__)
 
 LENGTH_NODE: Final = "/Clip_output_0"  # per-item length in frames, in Piper's VITS export
+DECODER_PREFIX: Final = "/dec/"  # the decoder's nodes, in Piper's VITS export
+# The decoder's receptive field, in latent frames: a chunk decoded with this much context
+# on each side joins its neighbours exactly (8 frames: differences up to 5e-3 of full scale).
+DECODER_CONTEXT_FRAMES: Final = 12
+# A leading segment is decoded in two pieces when it has at least STREAM_MIN_FRAMES frames
+# (about 1.5 s at 22.05 kHz: shorter ones decode whole in about 0.1 s). The first piece has
+# at least FIRST_CHUNK_MIN_FRAMES frames and at least 1/REST_COVER of the segment, so that
+# its audio lasts several times what decoding the rest takes (the decoder runs about 14
+# times faster than real time on one core).
+STREAM_MIN_FRAMES: Final = 128
+FIRST_CHUNK_MIN_FRAMES: Final = 24
+REST_COVER: Final = 5
 BOS, EOS, PAD = "^", "$", "_"
 QUALITY_SUFFIX = re.compile(r"-(x_low|low|medium|high)$")
 BUNDLED_VOICE_ID: Final = "en-us-joe"
@@ -110,48 +133,52 @@ class PiperConfig:
 
 
 class PiperModel:
-    """One ``.onnx`` model: its session, its config, batched inference."""
+    """One ``.onnx`` model: its sessions, its config, batched inference."""
 
     def __init__(self, model_path: Path, config: PiperConfig, *, threads: int = 1) -> None:
         import onnx
-        import onnxruntime as ort
 
         self.path = model_path
         self.config = config
-        graph = onnx.load(str(model_path))
-        self.batched = any(LENGTH_NODE in node.output for node in graph.graph.node)
-        if self.batched:
-            graph.graph.output.append(
-                onnx.helper.make_tensor_value_info(
-                    LENGTH_NODE, onnx.TensorProto.FLOAT, ["batch_size"]
-                )
-            )
+        model = onnx.load(str(model_path))
+        graph = model.graph
+        self.batched = any(LENGTH_NODE in node.output for node in graph.node)
         # The duration predictor's output, ceil'd: frames per phoneme id (word timing).
-        ceils = [node.output[0] for node in graph.graph.node if node.op_type == "Ceil"]
+        ceils = [node.output[0] for node in graph.node if node.op_type == "Ceil"]
         self.durations_output = ceils[0] if self.batched and len(ceils) == 1 else None
+        extra = [LENGTH_NODE] if self.batched else []
         if self.durations_output is not None:
-            graph.graph.output.append(
-                onnx.helper.make_tensor_value_info(
-                    self.durations_output, onnx.TensorProto.FLOAT, None
+            extra.append(self.durations_output)
+        latent = decoder_input(graph) if self.batched else None
+        self._decoder: Any = None
+        if latent is None:
+            for name in extra:
+                graph.output.append(
+                    onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
                 )
-            )
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        self._session = ort.InferenceSession(
-            graph.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+            self._session = _session(model, threads)
+        else:  # cut at the decoder: [latent frames, lengths, durations] then audio
+            from onnx.utils import Extractor
+
+            cut = Extractor(model)
+            inputs = [i.name for i in graph.input]
+            self._session = _session(cut.extract_model(inputs, [latent, *extra]), threads)
+            self._decoder = _session(cut.extract_model([latent], [graph.output[0].name]), threads)
+            self._latent_name = latent
+        self.streams = self._decoder is not None  # a segment can be decoded in pieces
         self._inputs = {i.name for i in self._session.get_inputs()}
         self.hop = 0
         self.hop = self._measure_hop()
 
     def _measure_hop(self) -> int:
-        """Audio samples per predicted frame, from one run (also warms the session)."""
+        """Audio samples per predicted frame, from one run (also warms the sessions)."""
         ids = self.phoneme_ids(WARM_UP_TEXT)
         outputs = self._run([ids], (0.0, self.config.length_scale, 0.0), [0])
         if not self.batched:
             return 0
+        if self._decoder is not None:
+            latent = outputs[0]
+            return int(self._decode(latent).shape[-1] // latent.shape[-1])
         frames = float(outputs[1][0])
         return round(outputs[0].shape[-1] / frames) if frames > 0 else 0
 
@@ -180,6 +207,7 @@ class PiperModel:
         scales: tuple[float, float, float],
         speakers: Sequence[int],
     ) -> list[Any]:
+        """[audio or latent frames, lengths (batched models), durations (if exposed)]."""
         count = len(sequences)
         width = max(len(s) for s in sequences)
         ids = np.zeros((count, width), dtype=np.int64)
@@ -194,6 +222,11 @@ class PiperModel:
             feed["sid"] = np.array(speakers, dtype=np.int64)
         result: list[Any] = self._session.run(None, feed)
         return result
+
+    def _decode(self, latent: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """Audio of latent frames ``[batch, channels, frames]``: ``[batch, samples]``."""
+        audio = self._decoder.run(None, {self._latent_name: latent})[0]
+        return np.asarray(audio, dtype=np.float32).reshape(latent.shape[0], -1)
 
     def synthesize(
         self,
@@ -210,32 +243,96 @@ class PiperModel:
         sequences: Sequence[list[int]],
         scales: tuple[float, float, float],
         speakers: Sequence[int],
+        leading: Sequence[bool] = (),
     ) -> list[tuple[npt.NDArray[np.int16], npt.NDArray[np.float32] | None]]:
         """:meth:`synthesize`, with each sequence's predicted frames per phoneme id
         (None when the model does not expose its duration predictor)."""
+        pieces: list[list[npt.NDArray[np.int16]]] = [[] for _ in sequences]
+
+        def collect(row: int, chunk: npt.NDArray[np.int16]) -> bool:
+            pieces[row].append(chunk)
+            return True
+
+        timings = self.synthesize_into(sequences, scales, speakers, collect, leading)
+        return [
+            (np.concatenate(chunks) if chunks else np.zeros(0, np.int16), frames)
+            for chunks, frames in zip(pieces, timings, strict=True)
+        ]
+
+    def synthesize_into(
+        self,
+        sequences: Sequence[list[int]],
+        scales: tuple[float, float, float],
+        speakers: Sequence[int],
+        emit: BatchEmit,
+        leading: Sequence[bool] = (),
+    ) -> list[npt.NDArray[np.float32] | None]:
+        """Synthesize every sequence, giving its audio to ``emit(row, pcm)`` (in two
+        pieces for a ``leading`` row long enough, see the module docstring; no more once
+        ``emit`` returned False for it); returns each row's predicted frames per phoneme
+        id, or None."""
         if len(sequences) > 1 and not (self.batched and self.hop):
-            return [
-                self.synthesize_timed([s], scales, [k])[0]
-                for s, k in zip(sequences, speakers, strict=True)
-            ]
+            timings: list[npt.NDArray[np.float32] | None] = []
+            for row, (sequence, speaker) in enumerate(zip(sequences, speakers, strict=True)):
+                timings += self.synthesize_into(
+                    [sequence], scales, [speaker],
+                    lambda _row, pcm, row=row: emit(row, pcm),  # type: ignore[misc]
+                    leading[row : row + 1],
+                )  # fmt: skip
+            return timings
         outputs = self._run(sequences, scales, speakers)
-        audio = outputs[0].reshape(len(sequences), -1)
+        count = len(sequences)
         durations = (
-            np.asarray(outputs[-1], dtype=np.float32).reshape(len(sequences), -1)
+            np.asarray(outputs[-1], dtype=np.float32).reshape(count, -1)
             if self.durations_output is not None
             else None
         )
-
-        def timing(row: int) -> npt.NDArray[np.float32] | None:
-            return None if durations is None else durations[row, : len(sequences[row])]
-
-        if len(sequences) == 1:
-            return [(_to_int16(audio[0]), timing(0))]
-        lengths = outputs[1]
-        return [
-            (_to_int16(audio[row, : round(float(lengths[row])) * self.hop]), timing(row))
-            for row in range(len(sequences))
+        timings = [
+            None if durations is None else durations[row, : len(sequences[row])]
+            for row in range(count)
         ]
+        if count == 1:
+            frames = [outputs[0].shape[-1]]
+        else:
+            frames = [round(float(length)) for length in outputs[1]]
+        if self._decoder is None:
+            audio = outputs[0].reshape(count, -1)
+            for row in range(count):
+                emit(
+                    row, _to_int16(audio[row, : frames[row] * self.hop] if count > 1 else audio[0])
+                )
+            return timings
+        latent = np.asarray(outputs[0], dtype=np.float32)
+        firsts = [
+            first_chunk_frames(frames[row]) if row < len(leading) and leading[row] else None
+            for row in range(count)
+        ]
+        if count > 1 and not any(firsts):  # one decoder call for the batch
+            audio = self._decode(latent)
+            for row in range(count):
+                emit(row, _to_int16(audio[row, : frames[row] * self.hop]))
+            return timings
+        for row in range(count):
+            self._decode_row(latent[row : row + 1, :, : frames[row]], firsts[row], row, emit)
+        return timings
+
+    def _decode_row(
+        self,
+        latent: npt.NDArray[np.float32],
+        first: int | None,
+        row: int,
+        emit: BatchEmit,
+    ) -> None:
+        """Decode one row's latent frames whole, or as ``first`` frames then the rest."""
+        if first is None:
+            emit(row, _to_int16(self._decode(latent)[0]))
+            return
+        context, hop = DECODER_CONTEXT_FRAMES, self.hop
+        head = self._decode(latent[:, :, : first + context])[0, : first * hop]
+        if not emit(row, _to_int16(head)):
+            return
+        tail = self._decode(latent[:, :, first - context :])[0, context * hop :]
+        emit(row, _to_int16(tail))
 
     def word_times(
         self, text: str, ids: Sequence[int], frames: npt.NDArray[np.float32]
@@ -265,6 +362,44 @@ class PiperModel:
         if len(spans) != len(words):
             return None
         return [WordTiming(word, s, e) for word, (s, e) in zip(words, spans, strict=True)]
+
+
+def first_chunk_frames(frames: int) -> int | None:
+    """Frames of a leading segment's first decoder piece, or None: decode it whole."""
+    if frames < STREAM_MIN_FRAMES:
+        return None
+    first = max(FIRST_CHUNK_MIN_FRAMES, -(-(frames + DECODER_CONTEXT_FRAMES) // REST_COVER))
+    return first if first + DECODER_CONTEXT_FRAMES < frames else None
+
+
+def decoder_input(graph: Any) -> str | None:
+    """The one tensor the decoder's nodes (:data:`DECODER_PREFIX`) take from the rest of
+    the graph, or None (no such nodes, or more inputs: a speaker embedding)."""
+    weights = {w.name for w in graph.initializer}
+    inside = {
+        out for node in graph.node if node.name.startswith(DECODER_PREFIX) for out in node.output
+    }
+    constants = {out for node in graph.node if node.op_type == "Constant" for out in node.output}
+    external = {
+        name
+        for node in graph.node
+        if node.name.startswith(DECODER_PREFIX)
+        for name in node.input
+        if name and name not in inside and name not in weights and name not in constants
+    }
+    return external.pop() if len(external) == 1 else None
+
+
+def _session(model: Any, threads: int) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
 
 def _to_int16(audio: npt.NDArray[np.floating[Any]]) -> npt.NDArray[np.int16]:
@@ -411,9 +546,10 @@ class PiperBackend:
     def synthesize_batch(
         self, jobs: Sequence[SynthesisJob], emit: BatchEmit, words: BatchWords | None = None
     ) -> None:
-        """All ``jobs`` (one :meth:`batch_key`) in one model call; each job's whole audio
-        is emitted at once (VITS is not incremental), then, to ``words``, its words timed
-        by the model's predicted phoneme durations where they line up with the text."""
+        """All ``jobs`` (one :meth:`batch_key`) in one model call; each job's audio is
+        emitted whole, or a leading job's in two pieces (see the module docstring), then,
+        to ``words``, its words timed by the model's predicted phoneme durations where
+        they line up with the text."""
         if not jobs:
             return
         first = jobs[0].voice
@@ -424,18 +560,25 @@ class PiperBackend:
         model = first.model
         sequences = [model.phoneme_ids(job.text) for job in jobs]
         speakers = [job.voice.speaker for job in jobs]  # type: ignore[attr-defined]
-        results = model.synthesize_timed(sequences, first.scales, speakers)
-        for index, (audio, frames) in enumerate(results):
-            if not emit(index, audio):
-                continue
-            if words is not None and frames is not None:
+        wanted = [True] * len(jobs)
+
+        def forward(index: int, pcm: npt.NDArray[np.int16]) -> bool:
+            wanted[index] = wanted[index] and emit(index, pcm)
+            return wanted[index]
+
+        leading = [job.leading for job in jobs]
+        timings = model.synthesize_into(sequences, first.scales, speakers, forward, leading)
+        for index, frames in enumerate(timings):
+            if words is not None and frames is not None and wanted[index]:
                 timed = model.word_times(jobs[index].text, sequences[index], frames)
                 if timed is not None:
                     words(index, timed)
 
     def synthesize(self, text: str, voice: object, emit: EmitFn) -> None:
-        """One segment (the per-segment form, for tools and tests)."""
-        self.synthesize_batch([SynthesisJob(text, voice)], lambda _i, chunk: emit(chunk))
+        """One segment (the per-segment form, for tools and tests), as an utterance's
+        first: emitted in two pieces when long enough."""
+        job = SynthesisJob(text, voice, leading=True)
+        self.synthesize_batch([job], lambda _i, chunk: emit(chunk))
 
     def close(self) -> None:
         self._models.clear()

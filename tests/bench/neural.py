@@ -28,7 +28,7 @@ from typing import Any
 
 from tests.bench import report
 from tests.bench.loadgen import LoadOptions, default_out_dir, run_level, stop_on_signals
-from tests.bench.neural_capacity import run_all
+from tests.bench.neural_capacity import first_piece, run_all
 from tests.bench.targets import GatewayTarget
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
@@ -142,6 +142,23 @@ def render(body: dict[str, Any]) -> str:
             f"{best['served_audio_per_s']} audio-s/s: efficiency **{body['efficiency']}** of "
             f"the offline ceiling ({body['ceiling']} audio-s/s with the same workers).",
         ]
+    openings = body.get("openings") or []
+    if openings:
+        lines += [
+            "",
+            "First audio of an utterance's opening segment on an idle worker (median of 14 "
+            "runs, in-process): decoded whole against decoded in two pieces (what the engine "
+            "does for an utterance's first segment of 128 frames or more):",
+            "",
+            "| opening | audio (s) | whole: first audio / done (ms) | "
+            "two pieces: first audio / done (ms) |",
+            "|---|---:|---|---|",
+        ]
+        for row in openings:
+            lines.append(
+                f"| {row['text']} | {row['audio_s']} | {row['whole_first_ms']} / "
+                f"{row['whole_total_ms']} | {row['pieces_first_ms']} / {row['pieces_total_ms']} |"
+            )
     for s in body.get("burst", []):
         lines += [
             "",
@@ -168,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     body: dict[str, Any] = report.provenance("tests.bench.neural", argv)
     if not args.skip_offline:
         body["offline"] = run_all([1, 2, 4, 8, 16], [1, 2], args.offline_seconds)
+        body["openings"] = first_piece()
     opts = LoadOptions(duration_s=args.duration, voices=(VOICE,), ramp_per_s=50.0)
     levels = [realtime(n, opts, work) for n in args.levels]
     body["realtime"] = [summary(lv) for lv in levels]

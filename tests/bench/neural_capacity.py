@@ -93,6 +93,61 @@ def measure(
     }
 
 
+# Openings of growing length, each one first segment as the splitter cuts it.
+OPENINGS = (
+    "Goodbye.",
+    "Your balance is due.",
+    "Thank you for calling the billing department today",
+    "Thank you for calling the billing department of the city water company",
+)
+
+
+def first_piece(repeats: int = 7) -> list[dict[str, Any]]:
+    """Time to the first audio of an utterance's opening segment on an idle worker,
+    decoded whole against in two pieces (``leading``), median of ``repeats`` each."""
+    import statistics
+
+    from engine.backends.piper import BUNDLED_VOICE_ID, PiperBackend, bundled_voice_installed
+
+    if not bundled_voice_installed():
+        return []
+    piper = PiperBackend()
+    voice = piper.resolve_voice(VoiceSettings(BUNDLED_VOICE_ID))
+    rate = piper.voice_sample_rate(voice)
+    rows = []
+    for text in OPENINGS:
+        row: dict[str, Any] = {"text": text}
+        runs: dict[bool, tuple[list[float], list[float]]] = {False: ([], []), True: ([], [])}
+        for leading in (False, True, False, True):  # interleaved: drift hits both
+            stamps: list[float] = []
+            firsts, totals = runs[leading]
+            for _ in range(repeats):
+                samples = 0
+                started = time.perf_counter()
+
+                def emit(
+                    _i: int, chunk: Any, started: float = started, stamps: list[float] = stamps
+                ) -> bool:
+                    nonlocal samples
+                    samples += len(chunk)
+                    stamps.append(time.perf_counter() - started)
+                    return True
+
+                stamps.clear()
+                piper.synthesize_batch([SynthesisJob(text, voice, leading)], emit)
+                firsts.append(stamps[0])
+                totals.append(time.perf_counter() - started)
+                row["audio_s"] = round(samples / rate, 2)
+        for leading, key in ((False, "whole"), (True, "pieces")):
+            firsts, totals = runs[leading]
+            row[f"{key}_first_ms"] = round(statistics.median(firsts) * 1000, 1)
+            row[f"{key}_total_ms"] = round(statistics.median(totals) * 1000, 1)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    piper.close()
+    return rows
+
+
 def run_all(batches: Sequence[int], workers: Sequence[int], seconds: float) -> list[dict[str, Any]]:
     from engine.backends.espeak import EspeakBackend
     from engine.backends.piper import BUNDLED_VOICE_ID, PiperBackend, bundled_voice_installed

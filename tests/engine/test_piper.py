@@ -24,10 +24,15 @@ from engine.backends.base import (
 from engine.backends.espeak import EspeakBackend
 from engine.backends.piper import (
     BUNDLED_VOICE_ID,
+    DECODER_CONTEXT_FRAMES,
+    FIRST_CHUNK_MIN_FRAMES,
+    STREAM_MIN_FRAMES,
     PiperBackend,
     PiperVoice,
     bundled_voice_installed,
+    decoder_input,
     find_voices,
+    first_chunk_frames,
     voice_directories,
     voice_id,
 )
@@ -89,6 +94,89 @@ def test_a_batch_equals_single_runs(piper: PiperBackend) -> None:
         [single] = model.synthesize([sequence], deterministic, [0])
         assert len(audio) == len(single)
         assert np.abs(audio.astype(np.int32) - single.astype(np.int32)).max() <= 64
+
+
+def pieces(piper: PiperBackend, job: SynthesisJob) -> list[np.ndarray]:
+    out: list[np.ndarray] = []
+
+    def collect(_index: int, pcm: np.ndarray) -> bool:
+        out.append(pcm)
+        return True
+
+    piper.synthesize_batch([job], collect)
+    return out
+
+
+def test_a_long_first_segment_comes_in_two_pieces_that_join_exactly(piper: PiperBackend) -> None:
+    """The first segment of an utterance is decoded as a short first piece, emitted at
+    once, then the rest; the joined audio is the audio of one decoder run."""
+    model = piper.resolve_voice(VoiceSettings(BUNDLED_VOICE_ID)).model
+    assert model.streams and decoder_input(_graph(model.path)) == "/Mul_7_output_0"
+    voice = PiperVoice(model, 0, (0.0, 1.0, 0.0))  # no sampling noise: runs compare
+    text = "Thank you for calling the billing department of the city water company"
+    [whole] = pieces(piper, SynthesisJob(text, voice, leading=False))
+    first, rest = pieces(piper, SynthesisJob(text, voice, leading=True))
+    frames = len(whole) // model.hop
+    assert frames >= STREAM_MIN_FRAMES
+    assert len(first) == first_chunk_frames(frames) * model.hop  # type: ignore[operator]
+    assert len(first) < len(whole) / 3
+    joined = np.concatenate([first, rest]).astype(np.int32)
+    assert len(joined) == len(whole)
+    assert np.abs(joined - whole.astype(np.int32)).max() <= 2  # rounding only
+    # Short first segments are decoded whole: splitting costs the context twice.
+    assert len(pieces(piper, SynthesisJob("Goodbye.", voice, leading=True))) == 1
+
+
+def test_no_second_piece_once_the_first_is_refused(piper: PiperBackend) -> None:
+    voice = piper.resolve_voice(VoiceSettings(BUNDLED_VOICE_ID))
+    calls: list[int] = []
+
+    def refuse(_index: int, pcm: np.ndarray) -> bool:
+        calls.append(len(pcm))
+        return False
+
+    text = "Thank you for calling the billing department of the city water company"
+    piper.synthesize_batch([SynthesisJob(text, voice, leading=True)], refuse)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("frames", "first"),
+    [
+        (60, None),
+        (STREAM_MIN_FRAMES - 1, None),
+        (STREAM_MIN_FRAMES, FIRST_CHUNK_MIN_FRAMES + 4),  # (128 + 12) / 5
+        (200, 43),  # a fifth: the rest decodes in a fraction of the first piece's audio
+        (1000, 203),
+    ],
+)
+def test_the_first_piece_covers_decoding_the_rest(frames: int, first: int | None) -> None:
+    assert first_chunk_frames(frames) == first
+    if first is not None:
+        assert first >= FIRST_CHUNK_MIN_FRAMES and first + DECODER_CONTEXT_FRAMES < frames
+
+
+def test_a_graph_without_a_single_decoder_input_is_run_whole() -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    def graph(*inputs: str) -> onnx.GraphProto:
+        nodes = [helper.make_node("Add", list(inputs), ["/dec/out"], name="/dec/Add")]
+        values = [helper.make_tensor_value_info(i, TensorProto.FLOAT, [1]) for i in inputs]
+        out = helper.make_tensor_value_info("/dec/out", TensorProto.FLOAT, [1])
+        return helper.make_graph(nodes, "g", values, [out])
+
+    assert decoder_input(graph("z", "z")) == "z"
+    assert decoder_input(graph("z", "speaker")) is None  # a speaker embedding too
+    no_decoder = graph("z", "z")
+    no_decoder.node[0].name = "/Add"
+    assert decoder_input(no_decoder) is None
+
+
+def _graph(path: Path) -> object:
+    import onnx
+
+    return onnx.load(str(path)).graph
 
 
 def test_phonemes_keep_clause_punctuation(piper: PiperBackend) -> None:
@@ -223,6 +311,7 @@ class CrashingBatches:
     def __init__(self) -> None:
         self._tones = SyntheticBackend()
         self.batches: list[int] = []
+        self.jobs: list[tuple[str, bool]] = []  # (text, leading) of every job run
         self._lock = threading.Lock()
 
     def voices(self) -> Sequence[VoiceInfo]:
@@ -243,6 +332,7 @@ class CrashingBatches:
     def synthesize_batch(self, jobs: Sequence[SynthesisJob], emit: BatchEmit) -> None:
         with self._lock:
             self.batches.append(len(jobs))
+            self.jobs += [(job.text, job.leading) for job in jobs]
         if any("CRASH" in job.text for job in jobs):
             raise RuntimeError("the model fell over")
         time.sleep(0.02)
@@ -272,6 +362,23 @@ def test_a_failing_batch_fails_its_utterances_and_the_workers_go_on() -> None:
             ended(events, 100 + slot, 2)
         assert max(backend.batches) > 1  # streams shared model calls
         assert max(backend.batches) <= backend.max_batch
+    finally:
+        scheduler.stop()
+
+
+def test_only_an_utterance_s_first_segment_is_leading() -> None:
+    backend = CrashingBatches()
+    backends = BackendSet([backend])
+    events = EventLog()
+    scheduler = Scheduler(backends, events, max_text_chars=5000)
+    scheduler.start()
+    try:
+        open_streams(scheduler, backends, "en-us", 1)
+        scheduler.speak(0, 1, "Hello there, this is the second clause. And a sentence.", True)
+        ended(events, 100, 1)
+        scheduler.speak(0, 2, "Again.", True)
+        ended(events, 100, 2)
+        assert [leading for _, leading in backend.jobs] == [True, False, False, True]
     finally:
         scheduler.stop()
 
