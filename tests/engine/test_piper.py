@@ -414,8 +414,8 @@ def test_the_neural_voice_is_understood_over_the_telephone(
     from tests.bench.intelligibility import PROMPTS_EN, Recognizer, word_error_rate
 
     recognizer = Recognizer()
-    # The model samples noise, so one rendition of the set scores 0.27 to 0.45 (one run
-    # in about twenty measured 0.505): the set is spoken twice and the rates averaged.
+    # The model samples noise: 16 renditions of the set scored 0.27 to 0.45 here, and one
+    # in a full test run 0.505; so the set is spoken twice and the rates averaged.
     runs = [word_error_rate(piper, BUNDLED_VOICE_ID, recognizer, PROMPTS_EN) for _ in range(2)]
     neural = sum(r["wer"] for r in runs) / len(runs)
     robotic = word_error_rate(espeak_backend, "en-us", recognizer, PROMPTS_EN[:4])["wer"]
