@@ -268,7 +268,7 @@ class Playback:
                 nxt.head_at = item.head_at
 
     def cancel(
-        self, utterance_id: str, frame_ms: int, *, in_engine: bool = True, now: float = 0.0
+        self, utterance_id: str, *, in_engine: bool = True, now: float = 0.0
     ) -> tuple[int, list[SessionEvent]] | None:
         """Drop one queued or playing utterance; None when no such utterance is queued.
 
@@ -303,7 +303,7 @@ class Playback:
             first_audio_ms = round((item.first_frame_at - since) * 1000)
         done = UtteranceDone(
             utterance_id=item.utterance_id,
-            audio_ms=item.frames_sent * frame_ms,
+            audio_ms=item.frames_sent * self.frame_ms,
             first_audio_ms=first_audio_ms,
             cancelled=True,
             played=self.played(item),

@@ -437,10 +437,9 @@ class Session:
         _, playback = self._require_active()
         if self._open is not None and self._open.utterance_id == utterance_id:
             self._finalize_open()  # the engine finishes its text; its audio is skipped
-        frame_ms = self.options.format.frame_ms if self.options is not None else 20
         seq = playback.seq_of(utterance_id)
         in_engine = seq is not None and not self._admission.holding(seq)
-        dropped = playback.cancel(utterance_id, frame_ms, in_engine=in_engine, now=self._clock())
+        dropped = playback.cancel(utterance_id, in_engine=in_engine, now=self._clock())
         if dropped is None:
             raise SessionError(
                 ErrorCode.UNKNOWN_UTTERANCE,

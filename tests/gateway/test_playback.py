@@ -696,12 +696,12 @@ def test_cancelling_a_queued_utterance_skips_its_audio_and_keeps_the_others():
     speak(pb, ring, 1, a1)
     speak(pb, ring, 2, a2)  # synthesized already: its audio sits in the ring
     speak(pb, ring, 3, a3)
-    assert pb.cancel("u2", frame_ms=20) == (
+    assert pb.cancel("u2") == (
         2,
         [UtteranceDone("u2", audio_ms=0, first_audio_ms=None, cancelled=True)],
     )
     assert frames_of(drain(pb, ring)) == [a1[:FRAME], a1[FRAME:], a3]
-    assert pb.cancel("u2", frame_ms=20) is None  # gone
+    assert pb.cancel("u2") is None  # gone
     assert pb.idle
 
 
@@ -717,7 +717,7 @@ def test_cancelling_the_playing_utterance_stops_it_and_the_next_one_plays():
     pb.on_audio(1, start, 0.0)
     played = [pb.next_frame(ring, 0.1).frame for _ in range(2)]
     assert played == [a1[:FRAME], a1[FRAME : 2 * FRAME]]
-    seq, events = pb.cancel("u1", frame_ms=20) or (0, [])
+    seq, events = pb.cancel("u1") or (0, [])
     assert seq == 1
     assert events == [UtteranceDone("u1", audio_ms=40, first_audio_ms=100, cancelled=True)]
     ring.write(a1[4 * FRAME :])  # the engine finishes u1 regardless
@@ -753,7 +753,7 @@ def test_a_cancelled_utterance_is_read_past_as_the_engine_writes_it():
     pb = Playback(sample_rate=RATE, frame_bytes=FRAME, boundaries=BoundaryReader(bnd))
     pb.enqueue_utterance(1, "long", 0.0)
     pb.enqueue_utterance(2, "next", 0.0)
-    assert pb.cancel("long", frame_ms=20) is not None
+    assert pb.cancel("long") is not None
     long_audio = pcm(40 * FRAME, 1)
     pb.on_audio(1, 0, 0.0)
     written = 0
@@ -805,7 +805,7 @@ def test_what_a_barge_in_or_cancel_interrupts_is_reported_played_so_far():
     for _ in range(3):
         assert not any(isinstance(e, Words) for e in pb.next_frame(ring, 0.0).before)
     assert pb.playing() == Played("u1", 60, "press one")
-    _seq, events = pb.cancel("u1", frame_ms=20) or (0, [])
+    _seq, events = pb.cancel("u1") or (0, [])
     done = events[0]
     assert isinstance(done, UtteranceDone) and done.played == Played("u1", 60, "press one")
 
@@ -827,7 +827,7 @@ def test_a_cancelled_utterance_that_fails_before_any_audio_is_not_skipped_for_ev
     pb = Playback(sample_rate=RATE, frame_bytes=FRAME, max_items=3)
     for seq in (1, 2):
         pb.enqueue_utterance(seq, f"u{seq}", 0.0)
-    assert pb.cancel("u1", frame_ms=20) is not None
+    assert pb.cancel("u1") is not None
     assert pb.skipping and len(pb) == 1
     pb.enqueue_utterance(3, "u3", 0.0)
     assert pb.full  # the cancelled one still counts while the engine works on it
@@ -874,7 +874,7 @@ def test_a_cancelled_utterance_without_announced_audio_skips_nothing_of_the_next
     pb = Playback(sample_rate=RATE, frame_bytes=FRAME)
     pb.enqueue_utterance(1, "cut", 0.0)
     pb.enqueue_utterance(2, "next", 0.0)
-    assert pb.cancel("cut", frame_ms=20) is not None
+    assert pb.cancel("cut") is not None
     nxt = pcm(2 * FRAME, 2)
     start = ring.write_pos
     ring.write(nxt)  # the next one's bytes, before any message about either
