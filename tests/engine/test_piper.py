@@ -3,6 +3,7 @@ engine, and the scheduler's worker lanes running it on threads."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import threading
@@ -255,6 +256,18 @@ def open_streams(
     return rings
 
 
+@contextlib.contextmanager
+def running(backends: BackendSet) -> Iterator[tuple[Scheduler, EventLog]]:
+    """A started scheduler over ``backends`` and the log of its events; stopped after."""
+    events = EventLog()
+    scheduler = Scheduler(backends, events, max_text_chars=5000)
+    scheduler.start()
+    try:
+        yield scheduler, events
+    finally:
+        scheduler.stop()
+
+
 def ended(events: EventLog, stream_id: int, utterance: int) -> Message:
     from engine.ipc.schema import UtteranceEnd
 
@@ -265,10 +278,7 @@ def test_worker_threads_serve_many_streams_in_batches(piper: PiperBackend) -> No
     from engine.ipc.schema import UtteranceAudio, UtteranceEnd
 
     backends = BackendSet([piper])
-    events = EventLog()
-    scheduler = Scheduler(backends, events, max_text_chars=5000)
-    scheduler.start()
-    try:
+    with running(backends) as (scheduler, events):
         rings = open_streams(scheduler, backends, BUNDLED_VOICE_ID, 6)
         for slot in range(6):
             scheduler.speak(slot, 1, "Thank you for calling. Your call is important to us.", True)
@@ -283,8 +293,6 @@ def test_worker_threads_serve_many_streams_in_batches(piper: PiperBackend) -> No
                 <= events.wait(UtteranceEnd, 100 + slot, 1).at
             )
         assert scheduler.stats.segments >= 12  # two segments each: the first clause, the rest
-    finally:
-        scheduler.stop()
 
 
 def tones(backend: SyntheticBackend, text: str, voice: object) -> np.ndarray:
@@ -348,10 +356,7 @@ def test_a_failing_batch_fails_its_utterances_and_the_workers_go_on() -> None:
 
     backend = CrashingBatches()
     backends = BackendSet([backend])
-    events = EventLog()
-    scheduler = Scheduler(backends, events, max_text_chars=5000)
-    scheduler.start()
-    try:
+    with running(backends) as (scheduler, events):
         open_streams(scheduler, backends, "en-us", 8)
         scheduler.speak(0, 1, "CRASH now.", True)
         failed = events.wait(UtteranceFailed, 100, 1, timeout=10).message
@@ -362,25 +367,18 @@ def test_a_failing_batch_fails_its_utterances_and_the_workers_go_on() -> None:
             ended(events, 100 + slot, 2)
         assert max(backend.batches) > 1  # streams shared model calls
         assert max(backend.batches) <= backend.max_batch
-    finally:
-        scheduler.stop()
 
 
 def test_only_an_utterance_s_first_segment_is_leading() -> None:
     backend = CrashingBatches()
     backends = BackendSet([backend])
-    events = EventLog()
-    scheduler = Scheduler(backends, events, max_text_chars=5000)
-    scheduler.start()
-    try:
+    with running(backends) as (scheduler, events):
         open_streams(scheduler, backends, "en-us", 1)
         scheduler.speak(0, 1, "Hello there, this is the second clause. And a sentence.", True)
         ended(events, 100, 1)
         scheduler.speak(0, 2, "Again.", True)
         ended(events, 100, 2)
         assert [leading for _, leading in backend.jobs] == [True, False, False, True]
-    finally:
-        scheduler.stop()
 
 
 # --------------------------------------------------------------------------- audio quality
