@@ -21,6 +21,7 @@ from gateway.sip.bridge import SipBridge
 from gateway.sip.routes import load_routes
 from gateway.state import STATE_KEY, GatewayState
 from gateway.voices import api as voices_api
+from gateway.voices.deletions import DeletionChannel
 from gateway.voices.reference_audio import MAX_UPLOAD_BYTES
 from gateway.voices.store import FileVoiceStore, RedisVoiceStore, VoiceStore
 from gateway.voices.upload_worker import UploadWorkers
@@ -113,6 +114,14 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
     state = GatewayState.create(
         settings, supervisor=supervisor, store=store, redis=redis_client, verifier=verifier
     )
+    registry = state.registry
+    if redis_client is not None:
+        registry.deletions = DeletionChannel(
+            redis_client,
+            settings.redis_prefix,
+            on_deleted=registry.forget,
+            on_resync=registry.expire_records,
+        )
 
     app = web.Application(client_max_size=MAX_UPLOAD_BYTES + 256 * 1024)
     app[STATE_KEY] = state
@@ -132,6 +141,8 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
         state.gate.start()
         await state.limits.start()
         await supervisor.start()
+        if registry.deletions is not None:
+            registry.deletions.start()
         if sip_bridge is not None:
             await sip_bridge.start()
         if audiosocket is not None:
@@ -147,6 +158,8 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
         await state.gate.stop()
         await state.pacer.stop()
         await upload_workers.close()
+        if registry.deletions is not None:
+            await registry.deletions.stop()
         if redis_client is not None:
             await redis_client.aclose()
 

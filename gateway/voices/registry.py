@@ -12,8 +12,11 @@ version recomputes features from the stored audio instead of using stale ones. A
 instances, an extraction lock in the store makes the same audio extracted once: other
 instances wait for the features to appear.
 
-Voice records are cached in L1 too, but for at most ``RECORD_TTL_S``: a voice deleted
-through one instance stops speaking on every instance within that time. When the store is
+Voice records are cached in L1 too, for at most ``RECORD_TTL_S``. With Redis, a deletion
+is also announced to every instance (:mod:`gateway.voices.deletions`), which drop the
+voice from L1 when the message arrives; the record lifetime bounds what a lost message
+costs: a voice deleted through one instance stops speaking on every instance within that
+time at worst. When the store is
 unreachable, voices whose record and features are in L1 still speak (an expired record is
 served until the store answers again); registration answers 503 ``storage_unavailable``
 and writes nothing.
@@ -35,6 +38,7 @@ from typing import Generic, TypeVar
 from engine.ipc.client import EngineClient, EngineRejected, EngineUnavailable
 from gateway.errors import ErrorCode
 from gateway.metrics import GatewayMetrics
+from gateway.voices.deletions import Deletion, DeletionChannel
 from gateway.voices.reference_audio import ReferenceAudio
 from gateway.voices.store import StorageUnavailable, VoiceRecord, VoiceStore
 
@@ -87,6 +91,9 @@ class Lru(Generic[K, V]):
     def pop_where(self, predicate: Callable[[K], bool]) -> None:
         for key in [k for k in self._items if predicate(k)]:
             del self._items[key]
+
+    def items(self) -> list[tuple[K, V]]:
+        return list(self._items.items())
 
     def __len__(self) -> int:
         return len(self._items)
@@ -145,6 +152,8 @@ class VoiceRegistry:
         self._record_ttl_s = record_ttl_s
         self._clock = clock
         self._inflight: dict[str, asyncio.Future[bytes]] = {}
+        # Set by the app when the store is shared through Redis: deletions are announced.
+        self.deletions: DeletionChannel | None = None
         self.lookups = 0
         self.hits = 0
 
@@ -363,11 +372,25 @@ class VoiceRegistry:
             raise VoiceError(
                 ErrorCode.STORAGE_UNAVAILABLE, "voice storage is unreachable", 503
             ) from None
-        self._records.pop(voice_id)
-        if erased:  # no voice uses the reference any more: forget its features here too
-            self._features.pop_where(lambda key: key.endswith(":" + record.audio_sha256))
+        deletion = Deletion(voice_id, record.audio_sha256 if erased else None)
+        self.forget(deletion)
         log.info("voice %s deleted (reference audio erased: %s)", voice_id, erased)
+        if self.deletions is not None:
+            await self.deletions.publish(deletion)
         return True
+
+    def forget(self, deletion: Deletion) -> None:
+        """Drop a deleted voice from L1 (and its reference's features, when erased)."""
+        self._records.pop(deletion.voice_id)
+        sha = deletion.erased_sha256
+        if sha is not None:  # no voice uses the reference any more
+            self._features.pop_where(lambda key: key.endswith(":" + sha))
+
+    def expire_records(self) -> None:
+        """Treat every cached record as stale: the next use asks the store (deletions
+        may have been missed). Kept, so that an unreachable store still finds them."""
+        for voice_id, (record, _) in self._records.items():
+            self._records.put(voice_id, (record, float("-inf")))
 
     async def profile(self, tenant: str, voice_id: str) -> tuple[str, bytes] | None:
         """(base voice, features) for speaking with ``voice_id``; None if unknown."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import shutil
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -199,6 +200,37 @@ async def test_deleting_the_last_voice_of_a_reference_erases_its_audio(
     assert not [k for k in redis.keys("*:ref:*") if k.startswith(ref + "}")]
     assert {k[len(ref) + 1 :] for k in erased} >= {":audio", ":users", ":variants"}
     assert any(k.startswith(ref + "}:features:") for k in erased)
+
+
+async def test_a_voice_deleted_on_one_gateway_stops_on_the_other_at_once(
+    pair: list[GatewayProcess], high_ref: bytes
+) -> None:
+    """B has the voice's record cached (it just spoke with it); A deletes it; B refuses it
+    at once, not after its 10 s record lifetime: the deletion was announced."""
+    a, b = pair
+    status, voice = await register(a, high_ref, name="Leaving")
+    assert status == 201
+    assert len(await speak_pcm(b, voice["id"])) > 16000
+    headers = {"Authorization": f"Bearer {writer_token(a)}"}
+    async with aiohttp.ClientSession() as http:
+        assert (
+            await http.delete(f"{a.base}/v1/voices/{voice['id']}", headers=headers)
+        ).status == 204
+    deleted_at = time.monotonic()
+    while True:
+        client = await NativeClient.connect(b.ws_url, b.token(tenant="acme"))
+        try:
+            await client.send(type="start", voice=voice["id"], format="mulaw_8000")
+            try:
+                await client.wait_event("ready")
+            except AssertionError:  # the harness: closed before "ready"
+                (refused,) = client.got.of_type("error")
+                break
+        finally:
+            await client.aclose()
+        assert time.monotonic() - deleted_at < 2.0, "B still speaks a deleted voice"
+        await asyncio.sleep(0.05)
+    assert refused["code"] == "unknown_voice"
 
 
 @pytest.mark.parametrize(
