@@ -96,6 +96,7 @@ def rms(pcm: npt.NDArray[np.int16]) -> float:
 # --------------------------------------------------------------------------- answer, say
 
 
+@pytest.mark.realtime  # frame timing: runs alone (Makefile)
 async def test_media_start_is_answered_and_say_streams_ulaw(
     asterisk: AsteriskConnect, gateway: GatewayProcess, connect: Connect
 ) -> None:
@@ -203,6 +204,7 @@ async def test_noise_does_not_flush(asterisk: AsteriskConnect, gateway: GatewayP
 # --------------------------------------------------------------------------- flow control
 
 
+@pytest.mark.realtime  # frame timing: runs alone (Makefile)
 async def test_xoff_pauses_and_xon_resumes_without_losing_audio(
     asterisk: AsteriskConnect, gateway: GatewayProcess, connect: Connect
 ) -> None:

@@ -240,6 +240,7 @@ async def sessions_active_reaches_zero(gw: GatewayProcess, timeout: float = 5.0)
 # --------------------------------------------------------------------------- the prompt
 
 
+@pytest.mark.realtime  # frame timing: runs alone (Makefile)
 @pytest.mark.parametrize("rate", [8000, 16000])
 async def test_a_prompt_arrives_whole_paced_and_at_speech_level(
     gateway: GatewayProcess, connect: Connect, peers: list[SimulatedAsterisk], rate: int

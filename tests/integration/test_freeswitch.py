@@ -52,6 +52,7 @@ async def started(
     return peer, app
 
 
+@pytest.mark.realtime  # frame timing: runs alone (Makefile)
 async def test_a_prompt_streams_as_paced_stream_audio_chunks(
     freeswitch: FreeSwitchConnect, connect: Connect, gateway: GatewayProcess
 ) -> None:

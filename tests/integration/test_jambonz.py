@@ -57,6 +57,7 @@ async def test_the_subprotocol_is_accepted_and_the_call_carries_jambonz_attribut
     assert call["custom_parameters"] == {"from": "+15551234567", "to": "+15557654321"}
 
 
+@pytest.mark.realtime  # frame timing: runs alone (Makefile)
 async def test_a_prompt_plays_in_full_paced_and_its_mark_waits_for_playout(
     jambonz: JambonzConnect, connect: Connect, gateway: GatewayProcess
 ) -> None:

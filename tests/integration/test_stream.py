@@ -135,6 +135,7 @@ async def test_opus_packets_decode_and_ogg_stream_plays(
     assert abs(seconds - len(packets) * 0.02) <= 0.02
 
 
+@pytest.mark.realtime  # frame timing: runs alone (Makefile)
 async def test_realtime_pacing_never_runs_ahead_by_more_than_the_lead(connect: Connect) -> None:
     client, _, _done, _ = await speak_and_collect(
         connect, "mulaw_8000", PROMPT + " " + PROMPT, pacing="realtime"

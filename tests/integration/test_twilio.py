@@ -71,6 +71,7 @@ def media_times(peer: TwilioPeer) -> list[float]:
 # --------------------------------------------------------------------------- say, pacing
 
 
+@pytest.mark.realtime  # frame timing: runs alone (Makefile)
 async def test_say_speaks_at_once_in_real_time(
     twilio: TwilioConnect, gateway: GatewayProcess
 ) -> None:
