@@ -397,6 +397,7 @@ async def test_malformed_basic_header_is_refused(gateway: GatewayProcess) -> Non
 # --------------------------------------------------------------------------- bad input
 
 
+@pytest.mark.realtime  # frame timing: runs alone (Makefile)
 async def test_bad_input_closes_only_that_leg(
     asterisk: AsteriskConnect, gateway: GatewayProcess, connect: Connect
 ) -> None:

@@ -341,6 +341,7 @@ async def test_attach_with_only_the_call_id(
 # --------------------------------------------------------------------------- bad input
 
 
+@pytest.mark.realtime  # frame timing: runs alone (Makefile)
 async def test_bad_input_closes_only_that_leg(
     twilio: TwilioConnect, gateway: GatewayProcess, connect: Connect
 ) -> None:
