@@ -36,6 +36,8 @@ first chunk, emitted at once, then the rest: each piece is given
 receptive field, so the joined audio equals one run (measured: within 1e-6 of full
 scale). The first chunk holds enough audio to cover decoding the rest several times over.
 Later segments, and short ones, are decoded whole: splitting costs twice the context.
+Off unless the backend is made with ``split_openings=True``: under overload the rest of a
+split opening can arrive after its first piece has played (see docs/architecture.md).
 
 Threads: one ONNX Runtime session per model is shared by the scheduler's worker threads
 (``run`` is thread-safe and releases the GIL), each run single-threaded
@@ -485,7 +487,9 @@ class PiperBackend:
     name = "piper"
     max_text_chars = 5000
 
-    def __init__(self, *, max_batch: int = 1, threads: int = 1) -> None:
+    def __init__(
+        self, *, max_batch: int = 1, threads: int = 1, split_openings: bool = False
+    ) -> None:
         entries = find_voices(voice_directories())
         if not entries:
             raise RuntimeError(
@@ -496,6 +500,9 @@ class PiperBackend:
         self._models_lock = threading.Lock()
         self.max_batch = max(1, max_batch)
         self.threads = max(1, threads)
+        # Off by default: under overload (the admission test's 20 callers on one worker)
+        # the rest of a split opening arrived late and utterances stuttered.
+        self.split_openings = split_openings
         rates = {e.config.sample_rate for e in entries}
         self.native_sample_rate = max(rates)  # a default; each voice says its own
         versions = sorted({f"{e.model_path.name}:{e.model_path.stat().st_size}" for e in entries})
@@ -566,7 +573,7 @@ class PiperBackend:
             wanted[index] = wanted[index] and emit(index, pcm)
             return wanted[index]
 
-        leading = [job.leading for job in jobs]
+        leading = [job.leading and self.split_openings for job in jobs]
         timings = model.synthesize_into(sequences, first.scales, speakers, forward, leading)
         for index, frames in enumerate(timings):
             if words is not None and frames is not None and wanted[index]:

@@ -147,8 +147,9 @@ def render(body: dict[str, Any]) -> str:
         lines += [
             "",
             "First audio of an utterance's opening segment on an idle worker (median of 14 "
-            "runs, in-process): decoded whole against decoded in two pieces (what the engine "
-            "does for an utterance's first segment of 128 frames or more):",
+            "runs, in-process): decoded whole against decoded in two pieces "
+            "(`split_openings`, off by default in the engine; an utterance's first segment "
+            "of 128 frames or more):",
             "",
             "| opening | audio (s) | whole: first audio / done (ms) | "
             "two pieces: first audio / done (ms) |",

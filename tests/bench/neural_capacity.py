@@ -111,7 +111,7 @@ def first_piece(repeats: int = 7) -> list[dict[str, Any]]:
 
     if not bundled_voice_installed():
         return []
-    piper = PiperBackend()
+    piper = PiperBackend(split_openings=True)
     voice = piper.resolve_voice(VoiceSettings(BUNDLED_VOICE_ID))
     rate = piper.voice_sample_rate(voice)
     rows = []

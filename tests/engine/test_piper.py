@@ -51,7 +51,7 @@ RATE = 22050
 
 @pytest.fixture(scope="module")
 def piper() -> Iterator[PiperBackend]:
-    backend = PiperBackend(threads=2, max_batch=4)
+    backend = PiperBackend(threads=2, max_batch=4, split_openings=True)
     yield backend
     backend.close()
 
