@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import secrets
@@ -20,12 +19,12 @@ import threading
 from engine.backends.base import backend_names
 from engine.backends.routing import BackendSet
 from engine.config import EngineSettings
+from engine.ipc.lifetime import die_with_parent, watch_parent
 from engine.ipc.shm import SharedRegion, SlotArena
 from engine.server import EngineLayout, EngineServer
 from engine.text import load_word_segmenter
 
 log = logging.getLogger("engine")
-PR_SET_PDEATHSIG = 1
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -71,25 +70,6 @@ def _backend_list(value: str) -> str:
     return ",".join(names)
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGTERM us when the parent dies (prctl PR_SET_PDEATHSIG)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        sys.exit(0)
-
-
-async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        if os.getppid() != parent_pid:
-            log.warning("parent %d is gone; exiting", parent_pid)
-            stop.set()
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 1.0)
-
-
 async def run_engine(args: argparse.Namespace) -> None:
     backend = BackendSet.create(args.backend.split(","))
     out_bytes, in_bytes = args.out_ring_kib * 1024, args.in_ring_kib * 1024
@@ -117,7 +97,7 @@ async def run_engine(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     watcher = None
     if args.parent_pid is not None:
-        watcher = asyncio.create_task(_watch_parent(args.parent_pid, stop))
+        watcher = asyncio.create_task(watch_parent(args.parent_pid, stop))
     if any(v.language.lower().startswith(("zh", "yue")) for v in backend.voices()):
         # Chinese word boundaries need jieba's dictionary (about 1 s to load): load it
         # now, beside serving, so that no utterance waits for it.
@@ -155,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s engine[%(process)d] %(levelname)s %(name)s: %(message)s",
     )
     if args.parent_pid is not None:
-        _die_with_parent(args.parent_pid)
+        die_with_parent(args.parent_pid)
     # Three threads share the GIL: the control loop, the synthesis scheduler and the VAD.
     # With the default 5 ms switch interval, a thread that needs the GIL for a moment (an
     # espeak callback, a control message) waits up to 5 ms each time the busy VAD thread

@@ -19,7 +19,9 @@ class ConfigError(ValueError):
     """A setting has a value the process cannot run with."""
 
 
-def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
+def env_int(
+    env: Mapping[str, str], name: str, default: int, *, minimum: int = 0, maximum: int | None = None
+) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -29,6 +31,8 @@ def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0
         raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
     if value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be at most {maximum}, got {value}")
     return value
 
 
