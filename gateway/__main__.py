@@ -2,6 +2,9 @@
 
 python -m gateway serve [--dev]
 python -m gateway token --sub NAME [--tenant T] [--ttl S] [--scope S ...]
+
+With ``GATEWAY_WORKERS=N`` (N > 1), ``serve`` runs the host supervisor
+(:mod:`gateway.workers`), which starts N ``python -m gateway worker`` processes.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from engine.ipc.lifetime import die_with_parent, watch_parent
 from gateway import logs
 from gateway.app import AUDIOSOCKET_KEY, SIP_BRIDGE_KEY, RedactingAccessLogger, create_app
-from gateway.auth import AuthConfigError, mint_token
+from gateway.auth import AuthConfigError, TokenVerifier, mint_token
 from gateway.config import ConfigError, GatewaySettings
 from gateway.listener import GuardedSite
+from gateway.relay_endpoint import RelayEndpoint
 from gateway.state import STATE_KEY
+from gateway.workers import HostSupervisor, mark_listening, supervise_until_signalled
 
 log = logging.getLogger("gateway")
 DEV_TOKEN_TTL_S = 12 * 3600
@@ -75,10 +81,15 @@ def _serve(args: argparse.Namespace) -> int:
         env["GATEWAY_JWT_SECRET"] = secrets.token_urlsafe(48)
         os.environ["GATEWAY_JWT_SECRET"] = env["GATEWAY_JWT_SECRET"]
         log.warning("dev mode: generated a random GATEWAY_JWT_SECRET for this run only")
+    worker = args.command == "worker"
     try:
         settings = GatewaySettings.from_env(env)
-        app = create_app(settings)
-    except (ConfigError, AuthConfigError) as exc:
+        hosting = settings.workers > 1 and not worker
+        relay = None if hosting else RelayEndpoint.bind(settings, env)
+        app = None if hosting else create_app(settings, relay=relay)
+        if hosting:
+            TokenVerifier.from_settings(settings.auth)  # a bad key fails here, not per worker
+    except (ConfigError, AuthConfigError, OSError) as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
     if args.dev and env.get("GATEWAY_JWT_SECRET"):
@@ -96,11 +107,12 @@ def _serve(args: argparse.Namespace) -> int:
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
-    def announce(_app: web.Application) -> None:
+    def announce(_app: web.Application | None) -> None:
         base = f"http://{settings.host}:{settings.port}"
+        workers = f" ({settings.workers} workers)" if _app is None else ""
         if dev_token:
             print(
-                f"\n  Voice gateway is up.\n"
+                f"\n  Voice gateway is up{workers}.\n"
                 f"  Demo page : {base}/#token={dev_token}\n"
                 f"  Token     : {dev_token}\n"
                 f"  Stream    : ws://{settings.host}:{settings.port}/v1/stream "
@@ -108,7 +120,9 @@ def _serve(args: argparse.Namespace) -> int:
                 flush=True,
             )
         else:
-            print(f"Voice gateway listening on {base}", flush=True)
+            print(f"Voice gateway listening on {base}{workers}", flush=True)
+        if _app is None:
+            return
         bridge = _app.get(SIP_BRIDGE_KEY)
         if bridge is not None:
             address = f"{bridge.settings.public_addr}:{bridge.port}"
@@ -118,14 +132,32 @@ def _serve(args: argparse.Namespace) -> int:
             address = f"{listener.settings.listen[0]}:{listener.port}"
             print(f"  AudioSocket: {address} (TCP, for Asterisk's AudioSocket)", flush=True)
 
-    asyncio.run(_serve_until_signalled(app, settings, lambda: announce(app)))
+    if app is None:
+        supervisor = HostSupervisor(settings, env)
+        asyncio.run(supervise_until_signalled(supervisor, lambda: announce(None)))
+        return 0
+    if worker:
+        die_with_parent(args.parent_pid)
+        asyncio.run(
+            _serve_until_signalled(
+                app, settings, lambda: mark_listening(env), relay=relay, parent_pid=args.parent_pid
+            )
+        )
+        return 0
+    asyncio.run(_serve_until_signalled(app, settings, lambda: announce(app), relay=relay))
     return 0
 
 
 async def _serve_until_signalled(
-    app: web.Application, settings: GatewaySettings, listening: Callable[[], None]
+    app: web.Application,
+    settings: GatewaySettings,
+    listening: Callable[[], None],
+    *,
+    relay: RelayEndpoint | None = None,
+    parent_pid: int | None = None,
 ) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully.
+    """Serve until SIGTERM or SIGINT (or, for a host's worker, until the supervisor with
+    ``parent_pid`` is gone), then shut down gracefully.
 
     Order: stop listening (new connections go to other instances), drain (sessions in
     progress keep running, both directions, for up to ``GATEWAY_DRAIN_TIMEOUT_S``; those
@@ -146,6 +178,7 @@ async def _serve_until_signalled(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    watcher = None if parent_pid is None else asyncio.create_task(watch_parent(parent_pid, stop))
     try:
         site = GuardedSite(
             runner,
@@ -154,10 +187,15 @@ async def _serve_until_signalled(
             max_connections=settings.max_connections,
             send_stall_s=settings.send_stall_s,
             metrics=app[STATE_KEY].metrics,
+            reuse_port=parent_pid is not None,  # the host's workers share the port
         )
         await site.start()
+        if relay is not None:
+            await relay.site(runner).start()
         listening()
         await stop.wait()
+        if watcher is not None:
+            watcher.cancel()
         log.info("shutting down: no new connections (a second signal skips the drain)")
         await site.stop()
         drain = asyncio.create_task(app[STATE_KEY].connections.drain(settings.drain_timeout_s))
@@ -176,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument(
         "--dev", action="store_true", help="generate a secret if none is set; print a token"
     )
+    worker = sub.add_parser("worker", help="one of GATEWAY_WORKERS (the supervisor runs it)")
+    worker.add_argument("--parent-pid", type=int, required=True, help="the host supervisor")
     token = sub.add_parser("token", help="print a signed token")
     token.add_argument("--sub", required=True, help="subject (who the token is for)")
     token.add_argument("--tenant", default=None)
@@ -187,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "token":
         return _token(args)
-    if args.command is None:
+    if args.command in (None, "worker"):
         args.dev = False
     return _serve(args)
 

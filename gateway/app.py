@@ -16,7 +16,9 @@ from gateway.auth import TokenVerifier, redact_query
 from gateway.config import GatewaySettings
 from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
 from gateway.errors import ErrorCode
+from gateway.metrics import exposition_registry
 from gateway.protocols import PROTOCOLS
+from gateway.relay_endpoint import RelayEndpoint
 from gateway.sip.bridge import SipBridge
 from gateway.sip.routes import load_routes
 from gateway.state import STATE_KEY, GatewayState
@@ -43,6 +45,7 @@ class RedactingAccessLogger(AbstractAccessLogger):
         )
 
 
+WORKER_HEADER = "X-Gateway-Worker"
 SIP_BRIDGE_KEY = web.AppKey("sip_bridge", SipBridge)  # present when the bridge is on
 AUDIOSOCKET_KEY = web.AppKey("audiosocket", AudioSocketListener)  # present when it is on
 
@@ -79,7 +82,7 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics_endpoint(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     state.engine.refresh_gauges()
-    body = generate_latest(state.metrics.registry)
+    body = generate_latest(exposition_registry(state.metrics.registry))
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -90,7 +93,14 @@ async def index(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(page, headers={"Cache-Control": "no-cache"})
 
 
-def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None) -> web.Application:
+def create_app(
+    settings: GatewaySettings,
+    verifier: TokenVerifier | None = None,
+    *,
+    relay: RelayEndpoint | None = None,
+) -> web.Application:
+    """The worker's application; ``relay`` (its own listener for relayed attaches, see
+    :mod:`gateway.relay_endpoint`) makes its calls reachable from other workers."""
     supervisor = EngineSupervisor(
         SupervisorSettings(
             socket_path=settings.engine_socket,
@@ -114,6 +124,9 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
     state = GatewayState.create(
         settings, supervisor=supervisor, store=store, redis=redis_client, verifier=verifier
     )
+    if relay is not None:
+        state.calls.directory = relay.directory(redis_client, settings)
+    call_directory = state.calls.directory
     registry = state.registry
     if redis_client is not None:
         registry.deletions = DeletionChannel(
@@ -124,6 +137,15 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
         )
 
     app = web.Application(client_max_size=MAX_UPLOAD_BYTES + 256 * 1024)
+    if relay is not None and relay.run_dir is not None:
+        # Which of the host's workers answered (GATEWAY_WORKERS): for the operator
+        # reading a trace, and for tests that need two workers.
+        worker = str(relay.worker_index)
+
+        async def name_worker(_request: web.Request, response: web.StreamResponse) -> None:
+            response.headers[WORKER_HEADER] = worker
+
+        app.on_response_prepare.append(name_worker)
     app[STATE_KEY] = state
     sip_bridge = None
     if settings.sip is not None:
@@ -141,6 +163,7 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
         state.gate.start()
         await state.limits.start()
         await supervisor.start()
+        await call_directory.start()
         if registry.deletions is not None:
             registry.deletions.start()
         if sip_bridge is not None:
@@ -153,6 +176,7 @@ def create_app(settings: GatewaySettings, verifier: TokenVerifier | None = None)
         if audiosocket is not None:
             await audiosocket.stop()
         await state.connections.close()
+        await call_directory.stop()
         await state.limits.stop()
         await supervisor.stop()
         await state.gate.stop()

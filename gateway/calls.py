@@ -8,8 +8,9 @@ then act on the call's session, ``hangup`` ends the call, and it receives the ca
 events (``call_started``, ``dtmf``, ``barge_in``, ``call_ended`` and the session's
 utterance, mark and error events).
 
-Calls are per gateway worker: the application must reach the worker holding the call
-(route on the call id at the load balancer when running several).
+A call lives on the worker holding its leg. The registry publishes it in the call
+directory (:mod:`gateway.call_directory`), so that an application that reaches another
+worker or instance is relayed to this one (:mod:`gateway.protocols.relay`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from gateway.call_directory import CallDirectory, LocalCallDirectory
 from gateway.events import SessionEvent
 from telephony.limits import MAX_CALL_ID_CHARS
 
@@ -62,8 +64,9 @@ class CallRegistry:
     so one tenant's call can neither block nor reveal another tenant's call with the
     same id."""
 
-    def __init__(self) -> None:
+    def __init__(self, directory: CallDirectory | None = None) -> None:
         self._calls: dict[tuple[str, str], Call] = {}
+        self.directory: CallDirectory = directory or LocalCallDirectory()
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -73,11 +76,13 @@ class CallRegistry:
         if key in self._calls:
             raise CallIdInUse(call.call_id)
         self._calls[key] = call
+        self.directory.publish(call.tenant, call.call_id)
 
     def unregister(self, call: Call) -> None:
         key = (call.tenant, call.call_id)
         if self._calls.get(key) is call:
             del self._calls[key]
+            self.directory.withdraw(call.tenant, call.call_id)
 
     def get(self, call_id: str, tenant: str) -> Call | None:
         """The tenant's call with ``call_id`` (others' calls do not exist)."""

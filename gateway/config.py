@@ -18,6 +18,7 @@ from gateway.auth import AuthSettings
 from gateway.session import SessionLimits
 from gateway.sip.config import SipSettings
 
+MAX_WORKERS = 256
 WEB_DEMO_DIR = Path(__file__).resolve().parent.parent / "web-demo"
 
 __all__ = ["WEB_DEMO_DIR", "ConfigError", "GatewaySettings"]
@@ -34,7 +35,10 @@ class GatewaySettings:
     auth: AuthSettings
     host: str = "127.0.0.1"
     port: int = 8080
+    workers: int = 1  # GATEWAY_WORKERS: worker processes on the port, under a supervisor
     redis_url: str | None = None
+    relay_host: str = ""  # GATEWAY_RELAY_HOST: how other instances reach this one
+    relay_port: int = 0  # GATEWAY_RELAY_PORT: worker i's relay port is this + i (0: any)
     redis_prefix: str = "ivr"  # key prefix: several deployments (or tests) share a Redis
     engine_backend: str = ""  # ENGINE_BACKEND; "": the engine's default (piper,espeak or espeak)
     engine_socket: str | None = None  # attach to this engine instead of starting one
@@ -88,7 +92,10 @@ class GatewaySettings:
             auth=AuthSettings.from_env(env),
             host=env.get("GATEWAY_HOST") or "127.0.0.1",
             port=port,
+            workers=env_int(env, "GATEWAY_WORKERS", 1, minimum=1, maximum=MAX_WORKERS),
             redis_url=env.get("GATEWAY_REDIS_URL") or None,
+            relay_host=env.get("GATEWAY_RELAY_HOST") or "",
+            relay_port=env_int(env, "GATEWAY_RELAY_PORT", 0, minimum=0, maximum=65535),
             redis_prefix=env.get("GATEWAY_REDIS_PREFIX") or "ivr",
             engine_backend=env.get("ENGINE_BACKEND") or "",
             engine_socket=env.get("ENGINE_SOCKET") or None,

@@ -77,6 +77,7 @@ class ErrorCode(enum.StrEnum):
     UNKNOWN_CALL = "unknown_call"
     CALL_NOT_ACTIVE = "call_not_active"
     CALL_ID_IN_USE = "call_id_in_use"
+    CALL_LOST = "call_lost"
     MARK_BACKLOG_FULL = "mark_backlog_full"
     # voices (HTTP)
     INVALID_REQUEST = "invalid_request"

@@ -102,6 +102,7 @@ class StallWatch:
         while True:
             await asyncio.sleep(STALL_CHECK_S)
             self.check()
+            self._metrics.connections_open.set(len(self._transports()))
 
 
 class GuardedSite(web.TCPSite):
@@ -116,8 +117,9 @@ class GuardedSite(web.TCPSite):
         max_connections: int,
         send_stall_s: float,
         metrics: GatewayMetrics,
+        reuse_port: bool = False,
     ) -> None:
-        super().__init__(runner, host, port)
+        super().__init__(runner, host, port, reuse_port=reuse_port)
         self._max_connections = max_connections
         self._metrics = metrics
         self._stall = StallWatch(self._open_transports, send_stall_s, metrics)
@@ -146,9 +148,16 @@ class GuardedSite(web.TCPSite):
         await web.BaseSite.start(self)  # registers the site with its runner
         server = self._runner.server
         assert server is not None
+        # Read at scrape time; when the host's workers share their metrics (values in
+        # files, gateway/metrics.py) a function does not count there, so the stall
+        # watch's pass also sets the value every second.
         self._metrics.connections_open.set_function(lambda: len(server.connections))
         self._server = await asyncio.get_running_loop().create_server(
-            self._protocol, self._host, self._port, backlog=self._backlog
+            self._protocol,
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            reuse_port=self._reuse_port,  # GATEWAY_WORKERS: the host's workers share the port
         )
         self._stall_task = asyncio.create_task(self._stall.run(), name="write-stall-watch")
 

@@ -2,11 +2,44 @@
 
 Names are prefixed ``gateway_``; help text on every metric. A registry per application
 (rather than the global default) keeps several gateways in one process (tests) apart.
+
+With several workers on a host (``GATEWAY_WORKERS``), the host supervisor sets
+``PROMETHEUS_MULTIPROC_DIR`` for its workers: prometheus_client then keeps every value in
+a file per process there, and a scrape of any worker answers for the whole host
+(:func:`exposition_registry`), under the same names: counters and histograms are summed
+over the workers (those of a worker that died included, so counters never go back),
+gauges are combined as each one's ``multiprocess_mode`` says (``livesum``: summed over
+live workers; ``livemax``/``livemin``; ``mostrecent``: the last value any worker set). The
+``process_*`` metrics of one worker are left out there: they would describe only the
+worker that happened to answer (the host's CPU and memory come from node or container
+metrics).
 """
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiprocess_dir() -> str | None:
+    """Where this process's metric values live when several workers share a host."""
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+def exposition_registry(registry: CollectorRegistry) -> CollectorRegistry:
+    """What a scrape serves: the host's workers together in multiprocess mode (read from
+    their files at each scrape), else ``registry`` itself."""
+    directory = multiprocess_dir()
+    if directory is None:
+        return registry
+    host = CollectorRegistry()
+    MultiProcessCollector(host, path=directory)  # type: ignore[no-untyped-call]
+    return host
+
 
 LATENCY_BUCKETS = (
     0.005,
@@ -32,18 +65,21 @@ FINE_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        # process_* (CPU seconds, resident memory, open file descriptors) of this worker
-        ProcessCollector(registry=self.registry)
+        if multiprocess_dir() is None:
+            # process_* (CPU seconds, resident memory, open file descriptors) of this worker
+            ProcessCollector(registry=self.registry)
         r = self.registry
         self.sessions_active = Gauge(
             "gateway_sessions_active",
             "Sessions currently open, by protocol.",
             ["protocol"],
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.connections_open = Gauge(
             "gateway_connections_open",
             "TCP connections open on this worker (HTTP and WebSocket).",
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.connections_refused = Counter(
@@ -129,12 +165,14 @@ class GatewayMetrics:
         self.gpu_memory_used = Gauge(
             "cosy2_gpu_memory_used_bytes",
             "GPU memory the engine uses (0 when its backend has no GPU).",
+            multiprocess_mode="mostrecent",
             registry=r,
         )
         self.engine_memory_used = Gauge(
             "engine_memory_used_bytes",
             "Memory the engine counts against its budget: GPU memory with a GPU backend, "
             "else the engine process's resident memory.",
+            multiprocess_mode="mostrecent",
             registry=r,
         )
         self.engine_memory_budget = Gauge(
@@ -142,11 +180,13 @@ class GatewayMetrics:
             "What engine_memory_used_bytes is measured against: GPU memory with a GPU "
             "backend, else ENGINE_MEMORY_BUDGET_MB. New sessions are refused above "
             "ENGINE_MEMORY_REJECT_PERCENT of it.",
+            multiprocess_mode="mostrecent",
             registry=r,
         )
         self.cache_hit_ratio = Gauge(
             "cosy2_cache_hit_ratio",
             "Voice-feature cache hits / lookups (memory and Redis levels together).",
+            multiprocess_mode="mostrecent",
             registry=r,
         )
         self.voice_cache_hits = Counter(
@@ -173,6 +213,7 @@ class GatewayMetrics:
         self.queue_length = Gauge(
             "cosy2_queue_length",
             "Utterances waiting at the admission gate for the engine.",
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.golden_errors = Counter(
@@ -195,6 +236,7 @@ class GatewayMetrics:
         self.admission_degraded = Gauge(
             "gateway_admission_degraded",
             "1 while the engine's first-audio latency is over the soft threshold.",
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.lease_store_errors = Counter(
@@ -204,8 +246,21 @@ class GatewayMetrics:
             ["op", "policy"],
             registry=r,
         )
+        self.call_relays = Counter(
+            "gateway_call_relays_total",
+            "Applications attaching to a call held by another worker or instance, by result "
+            "(relayed; unreachable: the owner could not be reached; lost: the owner went "
+            "away during the call).",
+            ["result"],
+            registry=r,
+        )
+        for result in ("relayed", "unreachable", "lost"):
+            self.call_relays.labels(result=result)
         self.engine_ready = Gauge(
-            "gateway_engine_ready", "1 when the engine is connected and healthy.", registry=r
+            "gateway_engine_ready",
+            "1 when the engine is connected and healthy.",
+            multiprocess_mode="livemin",
+            registry=r,
         )
         self.engine_restarts = Counter(
             "gateway_engine_restarts_total", "Engine restarts after a crash or hang.", registry=r

@@ -23,6 +23,7 @@ class AudioSocketMetrics:
         self.calls_active = Gauge(
             "gateway_audiosocket_calls_active",
             "AudioSocket calls in progress (from the UUID to the socket's close).",
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.calls = Counter(

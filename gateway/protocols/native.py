@@ -5,6 +5,7 @@ the session, over the shared connection base (:mod:`gateway.protocols.base`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import replace
 
@@ -30,6 +31,7 @@ from gateway.protocols.native_codec import (
     encode_event,
     start_options,
 )
+from gateway.protocols.relay import RELAY_HEADER, Relay, RelayUnavailable
 from gateway.session import Session, SessionState
 from gateway.state import GatewayState
 from gateway.wsframe import FrameWriter
@@ -44,10 +46,16 @@ class NativeConnection(Connection):
 
     def __init__(self, ws: web.WebSocketResponse, writer: FrameWriter, state: GatewayState) -> None:
         super().__init__(ws, writer, state)
-        self.call: Call | None = None  # set when attached to a telephony call
+        self.call: Call | None = None  # set when attached to a telephony call here
+        self.relay: Relay | None = None  # set when attached to a call held elsewhere
+        self._relay_pump: asyncio.Task[None] | None = None
+        self._token: str | None = None
+        self._relayed = False  # this connection is itself a relay from another worker
 
     def credentials(self, request: web.Request) -> str | None:
-        return token_from_request(request.headers, request.query)
+        self._relayed = RELAY_HEADER in request.headers
+        self._token = token_from_request(request.headers, request.query)
+        return self._token
 
     def refuse(self, error: SessionError) -> None:
         self._writer.send_text(encode_event(ErrorEvent(error.code, error.message)))
@@ -68,12 +76,13 @@ class NativeConnection(Connection):
     @property
     def established(self) -> bool:
         """Started, or attached to a call (an attached app may stay quiet)."""
-        return self.session.started or self.call is not None
+        return self.session.started or self.call is not None or self.relay is not None
 
     @property
     def idle(self) -> bool:
-        """Nothing plays on our session or on the call we are attached to."""
-        return not self.target.playing
+        """Nothing plays on our session or on the call we are attached to (a relayed
+        connection is never idle here: the owner applies the idle timeout)."""
+        return self.relay is None and not self.target.playing
 
     @property
     def target(self) -> Session:
@@ -83,14 +92,20 @@ class NativeConnection(Connection):
     async def on_release(self, reason: str) -> None:
         if self.call is not None:
             self.call.subscribers.discard(self)
+        pump, self._relay_pump = self._relay_pump, None
+        if pump is not None:
+            pump.cancel()
+            await asyncio.wait([pump])
+        relay, self.relay = self.relay, None
+        if relay is not None:
+            await relay.close()
 
-    def _attach(self, call_id: str) -> None:
+    async def _attach(self, call_id: str, start_text: str) -> None:
         assert self.principal is not None
         call = self._state.calls.get(call_id, self.principal.tenant)
         if call is None:
-            raise SessionError(
-                ErrorCode.UNKNOWN_CALL, f"no call {call_id[:64]!r}", CloseCode.POLICY
-            )
+            await self._attach_elsewhere(call_id, start_text)
+            return
         self.call = call
         call.subscribers.add(self)
         session = call.session
@@ -101,10 +116,49 @@ class NativeConnection(Connection):
         self.send_event(CallStarted(call.call_id, call.protocol, dict(call.custom_parameters)))
         log.info("session %s attached to call %s", self.session.id, call.call_id)
 
-    async def on_text(self, text: str) -> None:
-        await self._dispatch(decode_client_message(text))
+    async def _attach_elsewhere(self, call_id: str, start_text: str) -> None:
+        """Relay this connection to the worker or instance holding the call."""
+        assert self.principal is not None
+        unknown = SessionError(
+            ErrorCode.UNKNOWN_CALL, f"no call {call_id[:64]!r}", CloseCode.POLICY
+        )
+        metrics = self._state.metrics
+        if self._relayed or self._token is None:
+            raise unknown  # a relay is never relayed further
+        owner = await self._state.calls.directory.owner(self.principal.tenant, call_id)
+        if owner is None:
+            raise unknown
+        try:
+            relay = await Relay.open(
+                owner, self._token, max_message_bytes=self._state.settings.max_message_bytes
+            )
+        except RelayUnavailable as exc:
+            metrics.call_relays.labels(result="unreachable").inc()
+            log.warning("session %s: call %s: owner unreachable: %s", self.session.id, call_id, exc)
+            raise unknown from None
+        self.relay = relay
+        await relay.send_text(start_text)
+        self._relay_pump = asyncio.create_task(self._pump(relay), name=f"relay-{self.session.id}")
+        metrics.call_relays.labels(result="relayed").inc()
+        log.info("session %s relayed to the owner of call %s", self.session.id, call_id)
 
-    async def _dispatch(self, message: ClientMessage) -> None:
+    async def _pump(self, relay: Relay) -> None:
+        """The owner's frames to our peer; when the owner ends, we end alike."""
+        end = await relay.pump(self._writer.send_text, self._writer.send_binary, self.backlogged)
+        if end.lost:
+            self._state.metrics.call_relays.labels(result="lost").inc()
+            message = "the gateway worker holding the call went away"
+            self.session.fail(SessionError(ErrorCode.CALL_LOST, message, CloseCode.INTERNAL_ERROR))
+        else:
+            self.session.finish(end.code, end.reason)
+
+    async def on_text(self, text: str) -> None:
+        if self.relay is not None:
+            await self.relay.send_text(text)
+            return
+        await self._dispatch(decode_client_message(text), text)
+
+    async def _dispatch(self, message: ClientMessage, text: str) -> None:
         own = self.session
         if isinstance(message, KeepaliveMsg):
             return  # any message resets the idle timeout; this one does nothing else
@@ -112,7 +166,7 @@ class NativeConnection(Connection):
             if own.state is not SessionState.AWAITING_START or self.call is not None:
                 raise ProtocolViolation(ErrorCode.ALREADY_STARTED, "start was already received")
             if message.call is not None:
-                self._attach(message.call)
+                await self._attach(message.call, text)
             else:
                 assert self.principal is not None
                 options = start_options(message)
@@ -148,6 +202,9 @@ class NativeConnection(Connection):
             session.request_close()
 
     async def on_binary(self, data: bytes) -> None:
+        if self.relay is not None:
+            await self.relay.send_binary(data)
+            return
         if not self.session.started:
             raise ProtocolViolation(ErrorCode.NOT_STARTED, "binary before start", CloseCode.POLICY)
         self.session.feed_caller_audio(data)

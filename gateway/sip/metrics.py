@@ -33,7 +33,10 @@ class SipMetrics:
             registry=r,
         )
         self.calls_active = Gauge(
-            "gateway_sip_calls_active", "SIP calls in progress (answered or not).", registry=r
+            "gateway_sip_calls_active",
+            "SIP calls in progress (answered or not).",
+            multiprocess_mode="livesum",
+            registry=r,
         )
         self.calls = Counter(
             "gateway_sip_calls_total",

@@ -1,9 +1,7 @@
 """deploy/: the nginx configuration in front of a real gateway, and checks of the rest.
 
-nginx (``/usr/sbin/nginx``) runs ``deploy/nginx/nginx.conf`` with only what a test
-machine needs changed (listen address, pid, logs and temporary paths under a temporary
-directory, ``upstream.conf`` pointed at the gateway started here); every substitution
-must apply exactly once, so the test follows the file and breaks if its shape changes.
+nginx runs ``deploy/nginx/nginx.conf`` as :mod:`tests.deploy.nginx` prepares it, in front
+of the gateway started here.
 
 The static checks hold the other files to the code: every metric an alert or a dashboard
 panel uses is in a real gateway's ``/metrics``; every environment variable that compose,
@@ -13,17 +11,13 @@ Kubernetes or a Dockerfile sets is one the code reads; probes, ports and paths a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +30,11 @@ from yarl import URL
 from engine.backends.base import backend_names
 from gateway.protocols import PROTOCOLS
 from gateway.voices.reference_audio import MAX_UPLOAD_BYTES
+from tests.deploy.nginx import NGINX, WAIT_S, Nginx, running_nginx
 from tests.integration.harness import GatewayProcess, NativeClient, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-NGINX = Path("/usr/sbin/nginx")
-WAIT_S = 30.0  # generous: a loaded 2-core machine
 
 # Environment variables that are not the project's but that images may set.
 STANDARD_ENV = {"PATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "DEBIAN_FRONTEND"}
@@ -196,106 +189,18 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
     gw.stop()
 
 
-@dataclass
-class Nginx:
-    base: str
-    ws_url: str
-    conf: Path
-    prefix: Path
-    access_log: Path
-    error_log: Path
-    dead_upstream: str
-
-    def logs(self) -> str:
-        return "".join(
-            p.read_text(errors="replace") for p in (self.access_log, self.error_log) if p.exists()
-        )
-
-    def access_entries(self) -> list[dict[str, Any]]:
-        if not self.access_log.exists():
-            return []
-        lines = self.access_log.read_text(errors="replace").splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
-
-
-def render_nginx(prefix: Path, port: int, upstreams: list[str]) -> Path:
-    """deploy/nginx/nginx.conf with paths and ports for this machine, next to an
-    upstream.conf listing ``upstreams``."""
-    text = (DEPLOY / "nginx" / "nginx.conf").read_text(encoding="utf-8")
-    temp_paths = "".join(
-        f"    {kind}_temp_path {prefix / kind};\n"
-        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
-    user = "user root;" if os.geteuid() == 0 else ""  # non-root: workers run as we do
-    substitutions = [
-        (r"^user\s+[^;]+;", user),
-        (r"^worker_processes\s+[^;]+;", "worker_processes 1;"),
-        (r"^worker_rlimit_nofile\s+[^;]+;", ""),
-        (r"worker_connections\s+\d+;", "worker_connections 512;"),
-        (r"^pid\s+[^;]+;", f"pid {prefix / 'nginx.pid'};"),
-        (r"^error_log\s+/var/log/nginx/error\.log", f"error_log {prefix / 'error.log'}"),
-        (r"access_log\s+/var/log/nginx/access\.log", f"access_log {prefix / 'access.log'}"),
-        (r"^\s*listen\s+80;", f"        listen 127.0.0.1:{port};"),
-        (r"^http\s*\{\n", "http {\n" + temp_paths),
-    ]
-    for pattern, replacement in substitutions:
-        text, count = re.subn(pattern, replacement, text, count=0, flags=re.M)
-        assert count == 1, f"nginx.conf: {pattern!r} matched {count} times, expected once"
-    conf = prefix / "nginx.conf"
-    conf.write_text(text, encoding="utf-8")
-    (prefix / "upstream.conf").write_text(
-        "".join(f"server {u};\n" for u in upstreams), encoding="utf-8"
-    )
-    return conf
-
-
-def wait_port(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"nginx exited with {proc.returncode}: {log.read_text()}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"nginx did not listen on {port} within {WAIT_S}s")
-
-
 @pytest.fixture(scope="module")
 def nginx(gateway: GatewayProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nginx]:
     if not NGINX.exists():
         pytest.skip(f"{NGINX} is not installed (Debian package nginx)")
-    prefix = tmp_path_factory.mktemp("nginx")
-    port = free_port()
     # Listed first, nothing listens there: nginx's first request tries it, fails over to
     # the gateway, and logs the failure -- with the request line -- in the request's
     # context: the path that must not let a token reach a log.
     dead = f"127.0.0.1:{free_port()}"
-    conf = render_nginx(prefix, port, [dead, f"127.0.0.1:{gateway.port}"])
-    stderr = prefix / "nginx.stderr"
-    with stderr.open("wb") as err:
-        proc = subprocess.Popen(
-            [str(NGINX), "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-    try:
-        wait_port(port, proc, stderr)
-        yield Nginx(
-            base=f"http://127.0.0.1:{port}",
-            ws_url=f"ws://127.0.0.1:{port}/v1/stream",
-            conf=conf,
-            prefix=prefix,
-            access_log=prefix / "access.log",
-            error_log=prefix / "error.log",
-            dead_upstream=dead,
-        )
-    finally:
-        proc.terminate()  # SIGTERM: nginx's fast shutdown
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with running_nginx(
+        tmp_path_factory.mktemp("nginx"), [dead, f"127.0.0.1:{gateway.port}"], dead=dead
+    ) as proxy:
+        yield proxy
 
 
 @pytest.fixture

@@ -1,12 +1,11 @@
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import GatewayProcess, NativeClient, RedisServer
+from tests.integration.harness import GatewayProcess, NativeClient, RedisServer, running_redis
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
@@ -24,12 +23,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 @pytest.fixture(scope="module")
 def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A real redis-server on a free port for the module (tests may stop and restart it)."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("no redis-server")
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
 
 
 Connect = Callable[..., Awaitable[NativeClient]]

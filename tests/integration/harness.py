@@ -11,22 +11,27 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.app import WORKER_HEADER
 from gateway.auth import mint_token
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "integration-test-secret-0123456789-abcdefghijkl"
+HOST_START_S = 90.0  # a host starts an engine and its workers: generous on a loaded box
 
 
 def free_port() -> int:
@@ -56,6 +61,46 @@ def engine_pid_of(gateway_pid: int) -> int | None:
             if argv[1:3] == [b"-m", b"engine"]:
                 return child
     return None
+
+
+def worker_of(ws: aiohttp.ClientWebSocketResponse) -> str:
+    """The worker that answered the upgrade (aiohttp keeps the response privately)."""
+    return str(ws._response.headers.get(WORKER_HEADER, ""))
+
+
+def worker_pids(supervisor_pid: int) -> dict[str, int]:
+    """{worker index: pid} of the supervisor's ``gateway worker`` children."""
+    found: dict[str, int] = {}
+    for task in Path(f"/proc/{supervisor_pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            for pid in (task / "children").read_text().split():
+                with contextlib.suppress(OSError):
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    if argv[1:4] != [b"-m", b"gateway", b"worker"]:
+                        continue
+                    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                    for item in env:
+                        if item.startswith(b"GATEWAY_WORKER_INDEX="):
+                            found[item.split(b"=", 1)[1].decode()] = int(pid)
+    return found
+
+
+def wait_workers(gw: GatewayProcess, count: int, timeout: float = HOST_START_S) -> None:
+    """Until ``count`` distinct workers have answered /readyz with 200."""
+    import urllib.request
+
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while len(seen) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only workers {seen} answered: {gw.log_tail()}")
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(gw.base + "/readyz", timeout=2) as r,
+        ):
+            if r.status == 200:
+                seen.add(r.headers.get(WORKER_HEADER, ""))
+        time.sleep(0.02)
 
 
 class GatewayProcess:
@@ -183,6 +228,19 @@ class RedisServer:
             check=True,
         ).stdout
         return [k for k in out.decode().split("\n") if k]
+
+
+@contextlib.contextmanager
+def running_redis(workdir: Path) -> Iterator[RedisServer]:
+    """A real redis-server on a free port for the block (skips the test without one)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server")
+    server = RedisServer(workdir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @dataclass

@@ -14,17 +14,15 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.harness import GatewayProcess, NativeClient, RedisServer
+from tests.integration.harness import GatewayProcess, NativeClient, RedisServer, running_redis
 
 LEASE_MS = 1500
 
 
 @pytest.fixture
 def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
+    with running_redis(tmp_path) as server:
+        yield server
 
 
 def gateway(redis: RedisServer, log: Path, prefix: str, **env: str) -> GatewayProcess:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -15,7 +14,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.voices.deletions import Deletion, DeletionChannel
 from gateway.voices.registry import VoiceRegistry
 from gateway.voices.store import RedisVoiceStore, VoiceRecord
-from tests.integration.harness import RedisServer
+from tests.integration.harness import RedisServer, running_redis
 
 SHA = "ab" * 32
 RECORD = VoiceRecord(
@@ -33,12 +32,8 @@ FEATURES_KEY = f"espeak:1:en:{SHA}"
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("no redis-server")
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
 
 
 class Instance:
