@@ -70,7 +70,8 @@ $(BENCH_STAMP): $(STAMP)
 # at 1, 50, 200 and 500 calls, then VAD throughput, barge-in latency and the voice cache,
 # then the neural voice (offline ceiling, realtime concurrency, burst, scaling) and the
 # intelligibility of every built-in voice over the telephone, then SIP calls against Twilio legs,
-# then every telephony leg side by side (Twilio, Asterisk, jambonz, FreeSWITCH, AudioSocket, SIP).
+# then every telephony leg side by side (Twilio, Asterisk, jambonz, FreeSWITCH, AudioSocket, SIP),
+# then one gateway worker against two (GATEWAY_WORKERS) and the relayed attach.
 bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.matrix
 	$(PY) -m tests.bench.vad_throughput
@@ -80,6 +81,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.intelligibility
 	$(PY) -m tests.bench.sip_calls
 	$(PY) -m tests.bench.legs
+	$(PY) -m tests.bench.scale_out
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache artifacts

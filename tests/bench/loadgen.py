@@ -354,7 +354,7 @@ def _level_result(
     window = end.t - go.t
     worker_cpu = [r["cpu"].get("window_s", 0.0) for r in fleet.results.values() if r.get("cpu")]
     parent_cpu = end.self_cpu_s - go.self_cpu_s
-    cpu = {role: pct for role, pct in cpu_pct(go, end).items() if role in ("server", "engine")}
+    cpu = {role: pct for role, pct in cpu_pct(go, end).items() if is_server_role(role)}
     cpu["loadgen"] = round(100.0 * (sum(worker_cpu) + parent_cpu) / window, 1)
     cpu["loadgen_parent"] = round(100.0 * parent_cpu / window, 1)
     machine = end.machine.busy_pct_since(go.machine)
@@ -363,7 +363,8 @@ def _level_result(
     cpu["kernel_irq"] = round(irq, 1) if irq is not None else 0.0
     steal = end.machine.steal_pct_since(go.machine)
     cpu["steal"] = round(steal, 1) if steal is not None else 0.0
-    ours = sum(cpu.get(role, 0.0) for role in ("server", "engine", "loadgen", "kernel_irq"))
+    ours = sum(pct for role, pct in cpu.items() if is_server_role(role))
+    ours += cpu["loadgen"] + cpu["kernel_irq"]
     cpu["other"] = round(max(0.0, cpu["machine"] - ours), 1)  # processes not in this run
     peak = max(watch.timeline, key=lambda p: int(p["total_kib"]), default=None)
     peak_memory = peak["memory_kib"] if peak else end.memory
@@ -393,6 +394,12 @@ def _level_result(
         "memory": memory,
         "timeline": watch.timeline,
     }
+
+
+def is_server_role(role: str) -> bool:
+    """The processes of the server under test: a gateway and its engine, or a host's
+    supervisor, workers (``worker0``, ``worker1``, ...) and engine."""
+    return role in ("server", "engine", "supervisor") or role.startswith("worker")
 
 
 def run_levels(

@@ -27,6 +27,8 @@ from tests.integration.harness import (
     engine_pid_of,
     free_port,
     free_udp_port,
+    wait_workers,
+    worker_pids,
 )
 
 TOKEN_TTL_S = 6 * 3600
@@ -143,6 +145,32 @@ class GatewayTarget(Target):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "engine_backend": self._backend, "engine_slots": self._slots}
+
+
+class HostTarget(GatewayTarget):
+    """Our gateway as ``GATEWAY_WORKERS`` worker processes under the host supervisor,
+    sharing one port and one engine (docs/architecture.md, "Workers and instances")."""
+
+    def __init__(self, log_dir: Path, *, workers: int, **kwargs: Any) -> None:
+        env = {**kwargs.pop("env", {}), "GATEWAY_WORKERS": str(workers)}
+        super().__init__(log_dir, env=env, **kwargs)
+        self.workers = workers
+        self.name = f"gateway-{workers}w"
+
+    def start(self) -> None:
+        super().start()
+        assert self._gw is not None
+        wait_workers(self._gw, self.workers)
+
+    def processes(self) -> dict[str, int]:
+        gw = self._gw
+        if gw is None or gw.proc is None:
+            return {}
+        roles = {f"worker{i}": pid for i, pid in sorted(worker_pids(gw.proc.pid).items())}
+        return {"supervisor": gw.proc.pid, **roles, "engine": gw.engine_pid()}
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "gateway_workers": self.workers}
 
 
 class BaselineTarget(Target):
