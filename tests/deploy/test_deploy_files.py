@@ -451,7 +451,14 @@ async def test_k8s_probes_ports_and_shutdown(
     container = gateway_container()
     config = k8s_object("ConfigMap", "ivr-gateway-config")["data"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"http": int(config["GATEWAY_PORT"])}
+    relay = int(config["GATEWAY_RELAY_PORT"])
+    workers = int(config["GATEWAY_WORKERS"])
+    assert ports == {
+        "http": int(config["GATEWAY_PORT"]),
+        **{f"relay-{i}": relay + i for i in range(workers)},  # one relay port per worker
+    }
+    env = {e["name"]: e for e in container["env"]}
+    assert env["GATEWAY_RELAY_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert config["GATEWAY_HOST"] == "0.0.0.0"
 
     probes = {
@@ -530,6 +537,11 @@ def test_compose_wiring() -> None:
         assert svc["build"]["dockerfile"] == "deploy/docker/Dockerfile"
         assert (DEPLOY / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
         assert svc["shm_size"]
+        relay, workers = int(env["GATEWAY_RELAY_PORT"]), int(env["GATEWAY_WORKERS"])
+        assert {int(p) for p in svc["expose"]} == {
+            int(env["GATEWAY_PORT"]),
+            *(relay + i for i in range(workers)),  # other instances relay to each worker
+        }, name
     ports = {int(svc["environment"]["GATEWAY_PORT"]) for svc in gateways.values()}
     assert len(ports) == 1
     port = ports.pop()
