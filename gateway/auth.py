@@ -40,6 +40,7 @@ Contract
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -89,6 +90,8 @@ MIN_RSA_BITS: Final = 2048
 MAX_NUMERIC_DATE: Final = 253_402_300_799
 # Tokens longer than this are refused before any parsing (cheap DoS guard).
 MAX_TOKEN_CHARS: Final = 8192
+#: Verified tokens remembered (their claims, a few hundred bytes each).
+VERIFIED_CACHE_SIZE: Final = 4096
 
 REDACTED: Final = "[redacted]"
 _REDACTED_QUERY_KEYS: Final = frozenset({"access_token", "token"})
@@ -255,6 +258,7 @@ class TokenVerifier:
         self._keys: tuple[_BoundKey, ...] = tuple(keys)
         self._by_kid: dict[str, _BoundKey] = {k.kid: k for k in self._keys if k.kid is not None}
         self._algorithms: tuple[str, ...] = tuple(dict.fromkeys(k.algorithm for k in self._keys))
+        self._verified: dict[str, dict[str, Any]] = {}  # token -> claims, signature checked
 
     @classmethod
     def from_settings(cls, settings: AuthSettings) -> TokenVerifier:
@@ -313,6 +317,25 @@ class TokenVerifier:
         if len(token) > MAX_TOKEN_CHARS or not token.isascii() or token.count(".") != 2:
             raise AuthError("token_malformed", "access token is not a compact JWS")
 
+        claims = self._verified.get(token)
+        if claims is None:
+            claims = self._decode(token)
+            self._remember(token, claims)
+        return self._check_claims(claims, required_scope, time.time() if now is None else now)
+
+    def _remember(self, token: str, claims: dict[str, Any]) -> None:
+        """Keep a verified token's claims: a reconnect storm (every media server of a
+        failed instance at once) mostly repeats a few tokens, and the signature check
+        is most of what a new session costs before the engine. The claims are checked
+        again (expiry, scope) at every use; only the signature is not."""
+        verified = self._verified
+        while len(verified) >= VERIFIED_CACHE_SIZE:
+            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                del verified[next(iter(verified))]  # the oldest (insertion order)
+        verified[token] = claims
+
+    def _decode(self, token: str) -> dict[str, Any]:
+        """The claims of ``token`` once its header and signature check out."""
         key = self._select_key(token)
         try:
             claims: dict[str, Any] = jwt.decode(
@@ -326,8 +349,7 @@ class TokenVerifier:
             raise AuthError("token_malformed", "access token could not be decoded") from None
         except (jwt.PyJWTError, ValueError, TypeError):
             raise AuthError("token_invalid", "access token rejected") from None
-
-        return self._check_claims(claims, required_scope, time.time() if now is None else now)
+        return claims
 
     # -- internals ---------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from typing import cast
 
 from aiohttp import web
 
+from gateway.accept_gate import AcceptGate
 from gateway.errors import ErrorCode
 from gateway.metrics import GatewayMetrics
 
@@ -105,6 +106,13 @@ class StallWatch:
             self._metrics.connections_open.set(len(self._transports()))
 
 
+#: The kernel's queue of connections not yet accepted (capped by net.core.somaxconn).
+#: A reconnect storm (every media server of a failed instance at once) arrives faster
+#: than one event loop accepts: beyond the queue, a connection's SYN is dropped and
+#: retried 1 s, then 3 s later; in the queue it waits only its turn.
+LISTEN_BACKLOG = 4096
+
+
 class GuardedSite(web.TCPSite):
     """A :class:`aiohttp.web.TCPSite` that refuses connections beyond ``max_connections``."""
 
@@ -117,11 +125,13 @@ class GuardedSite(web.TCPSite):
         max_connections: int,
         send_stall_s: float,
         metrics: GatewayMetrics,
+        accept_gate: AcceptGate | None = None,
         reuse_port: bool = False,
     ) -> None:
-        super().__init__(runner, host, port, reuse_port=reuse_port)
+        super().__init__(runner, host, port, reuse_port=reuse_port, backlog=LISTEN_BACKLOG)
         self._max_connections = max_connections
         self._metrics = metrics
+        self._gate = accept_gate
         self._stall = StallWatch(self._open_transports, send_stall_s, metrics)
         self._stall_task: asyncio.Task[None] | None = None
 
@@ -139,9 +149,12 @@ class GuardedSite(web.TCPSite):
     def _protocol(self) -> asyncio.BaseProtocol:
         server = self._runner.server
         assert server is not None
-        if len(server.connections) >= self._max_connections:
+        waiting = self._gate.waiting if self._gate is not None else 0
+        if len(server.connections) + waiting >= self._max_connections:
             self._metrics.connections_refused.labels(reason="limit").inc()
             return _Refuse()
+        if self._gate is not None:
+            return self._gate.protocol(server)
         return server()
 
     async def start(self) -> None:

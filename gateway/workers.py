@@ -238,9 +238,7 @@ class HostSupervisor:
         cmd = [sys.executable, "-m", "gateway", "worker", "--parent-pid", str(os.getpid())]
         # Its own session: a Ctrl-C reaches the supervisor alone, which then drains
         # every worker once (a second signal would cut a worker's drain short).
-        worker.process = await asyncio.create_subprocess_exec(
-            *cmd, env=env, start_new_session=True
-        )
+        worker.process = await asyncio.create_subprocess_exec(*cmd, env=env, start_new_session=True)
         reason = "started" if not worker.restarts else f"restart {worker.restarts}"
         worker.transition(WorkerState.RUNNING, f"{reason}, pid {worker.process.pid}")
 

@@ -204,6 +204,10 @@ class EngineClient(asyncio.Protocol):
         self.region: SharedRegion | None = None
         self._arena: SlotArena | None = None
         self.last_pong: Pong | None = None
+        # Messages sent in one turn of the event loop go out in one write (a surge of
+        # sessions opening streams, many calls speaking): see :meth:`send`.
+        self._outbox: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
 
     @classmethod
     async def connect(
@@ -321,9 +325,19 @@ class EngineClient(asyncio.Protocol):
     # API
 
     def send(self, message: Message) -> None:
+        """Queue ``message``; what is queued in this turn of the event loop is written
+        at its end, in order, in one system call (and one wake-up of the engine)."""
         if self.lost or self._transport is None or self._transport.is_closing():
             raise EngineUnavailable("engine connection is closed")
-        self._transport.write(encode(message))
+        if not self._outbox:
+            self._loop.call_soon(self._flush)
+        self._outbox.append(encode(message))
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        transport = self._transport
+        if outbox and transport is not None and not transport.is_closing():
+            transport.write(b"".join(outbox))
 
     async def prepare_voice(
         self, pcm16k: bytes, *, language: str | None = None, timeout: float = 60.0

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 from multidict import CIMultiDict
 
+import gateway.auth as gateway_auth
 from gateway.auth import (
     AuthConfigError,
     AuthError,
@@ -638,3 +639,55 @@ def test_auth_errors_never_contain_the_token(
         assert err.__cause__ is None
         assert err.__context__ is None or err.__suppress_context__
         assert token not in caplog.text
+
+
+# -- verified tokens are remembered (a reconnect storm repeats a few tokens) -----------
+
+
+def test_a_remembered_token_skips_the_signature_but_not_the_claims(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    verifier = hs_verifier()
+    now = time.time()
+    token = hs256(claims(exp=int(now) + 60, scope="tts:stream"))
+    decodes = 0
+    real_decode = jwt.decode
+
+    def counting_decode(*args: Any, **kwargs: Any) -> Any:
+        nonlocal decodes
+        decodes += 1
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(jwt, "decode", counting_decode)
+    assert verifier.verify(token, SCOPE, now=now).subject == "alice"
+    assert verifier.verify(token, SCOPE, now=now).subject == "alice"
+    assert decodes == 1  # the second time from memory
+    # Expiry and scope are checked at every use, remembered or not.
+    with pytest.raises(AuthError) as expired:
+        verifier.verify(token, SCOPE, now=now + 3600)
+    assert expired.value.code == "token_expired"
+    with pytest.raises(AuthError) as scope:
+        verifier.verify(token, "voices:write", now=now)
+    assert scope.value.code == "insufficient_scope"
+    assert decodes == 1
+
+
+def test_only_verified_tokens_are_remembered() -> None:
+    verifier = hs_verifier()
+    good = hs256(claims())
+    forged = good.rsplit(".", 1)[0] + "." + b64url(b"\0" * 32)
+    verifier.verify(good, SCOPE)
+    expect_error(verifier, forged, "token_invalid")
+    expect_error(verifier, forged, "token_invalid")  # still checked: never remembered
+    other_key = hs256(claims(), secret="another-secret-of-at-least-32-bytes!!")
+    expect_error(verifier, other_key, "token_invalid")
+
+
+def test_remembered_tokens_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gateway_auth, "VERIFIED_CACHE_SIZE", 8)
+    verifier = hs_verifier()
+    tokens = [hs256(claims(sub=f"user-{i}")) for i in range(20)]
+    for token in tokens:
+        verifier.verify(token, SCOPE)
+    assert len(verifier._verified) == 8
+    assert verifier.verify(tokens[0], SCOPE).subject == "user-0"  # verified again
