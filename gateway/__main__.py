@@ -187,7 +187,6 @@ async def _serve_until_signalled(
             max_connections=settings.max_connections,
             send_stall_s=settings.send_stall_s,
             metrics=app[STATE_KEY].metrics,
-            accept_gate=app[STATE_KEY].accept_gate,
             reuse_port=parent_pid is not None,  # the host's workers share the port
         )
         await site.start()

@@ -31,7 +31,6 @@ from typing import cast
 
 from aiohttp import web
 
-from gateway.accept_gate import AcceptGate
 from gateway.errors import ErrorCode
 from gateway.metrics import GatewayMetrics
 
@@ -125,13 +124,11 @@ class GuardedSite(web.TCPSite):
         max_connections: int,
         send_stall_s: float,
         metrics: GatewayMetrics,
-        accept_gate: AcceptGate | None = None,
         reuse_port: bool = False,
     ) -> None:
         super().__init__(runner, host, port, reuse_port=reuse_port, backlog=LISTEN_BACKLOG)
         self._max_connections = max_connections
         self._metrics = metrics
-        self._gate = accept_gate
         self._stall = StallWatch(self._open_transports, send_stall_s, metrics)
         self._stall_task: asyncio.Task[None] | None = None
 
@@ -149,12 +146,9 @@ class GuardedSite(web.TCPSite):
     def _protocol(self) -> asyncio.BaseProtocol:
         server = self._runner.server
         assert server is not None
-        waiting = self._gate.waiting if self._gate is not None else 0
-        if len(server.connections) + waiting >= self._max_connections:
+        if len(server.connections) >= self._max_connections:
             self._metrics.connections_refused.labels(reason="limit").inc()
             return _Refuse()
-        if self._gate is not None:
-            return self._gate.protocol(server)
         return server()
 
     async def start(self) -> None:

@@ -82,18 +82,6 @@ class GatewayMetrics:
             multiprocess_mode="livesum",
             registry=r,
         )
-        self.connections_waiting = Gauge(
-            "gateway_connections_waiting",
-            "Connections accepted but not yet let in by the accept gate (a surge of new "
-            "sessions waits so that calls in progress keep their timing).",
-            multiprocess_mode="livesum",
-            registry=r,
-        )
-        self.connections_deferred = Counter(
-            "gateway_connections_deferred_total",
-            "Connections that had to wait at the accept gate before being served.",
-            registry=r,
-        )
         self.connections_refused = Counter(
             "gateway_connections_refused_total",
             "Connections refused at accept, by reason (limit: GATEWAY_MAX_CONNECTIONS).",

@@ -54,9 +54,6 @@ class Pacer:
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._frames_pending = 0
-        #: Called on every tick with how late it ran (the accept gate paces new
-        #: connections by it, gateway/accept_gate.py).
-        self.on_tick: Callable[[float], None] | None = None
 
     def start(self) -> None:
         if self._task is None:
@@ -123,10 +120,5 @@ class Pacer:
                 if session.next_due <= now:  # cheap skip between a session's frames
                     self._pump(session, now)
             self._flush_counters()
-            if self.on_tick is not None:
-                try:
-                    self.on_tick(max(0.0, lag))
-                except Exception:
-                    log.exception("pacer: tick hook failed")
             next_tick += self.tick_s
             await asyncio.sleep(max(0.0, next_tick - self._clock()))

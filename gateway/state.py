@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, replace
 from aiohttp import web
 from redis.asyncio import Redis
 
-from gateway.accept_gate import AcceptGate
 from gateway.admission_gate import AdmissionGate
 from gateway.auth import AuthError, Principal, TokenVerifier
 from gateway.calls import CallRegistry
@@ -42,7 +41,6 @@ class GatewayState:
     registry: VoiceRegistry
     limits: TenantLimits
     connections: Connections
-    accept_gate: AcceptGate
     calls: CallRegistry = field(default_factory=CallRegistry)
 
     @classmethod
@@ -61,14 +59,11 @@ class GatewayState:
         metrics = metrics or GatewayMetrics()
         engine = EngineLink(supervisor, metrics)
         connections = Connections()
-        pacer = Pacer(metrics, tick_s=settings.tick_s)
-        accept_gate = AcceptGate(metrics)
-        pacer.on_tick = accept_gate.on_tick
         return cls(
             settings=settings,
             verifier=verifier or TokenVerifier.from_settings(settings.auth),
             metrics=metrics,
-            pacer=pacer,
+            pacer=Pacer(metrics, tick_s=settings.tick_s),
             gate=AdmissionGate(settings.admission, metrics),
             engine=engine,
             registry=VoiceRegistry(
@@ -86,7 +81,6 @@ class GatewayState:
                 draining=lambda: connections.draining,
             ),
             connections=connections,
-            accept_gate=accept_gate,
         )
 
     def verify(self, token: str | None, scope: str) -> Principal:
