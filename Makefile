@@ -71,7 +71,8 @@ $(BENCH_STAMP): $(STAMP)
 # then the neural voice (offline ceiling, realtime concurrency, burst, scaling) and the
 # intelligibility of every built-in voice over the telephone, then SIP calls against Twilio legs,
 # then every telephony leg side by side (Twilio, Asterisk, jambonz, FreeSWITCH, AudioSocket, SIP),
-# then one gateway worker against two (GATEWAY_WORKERS) and the relayed attach.
+# then one gateway worker against two (GATEWAY_WORKERS) and the relayed attach, then a
+# reconnect storm while calls speak.
 bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.matrix
 	$(PY) -m tests.bench.vad_throughput
@@ -82,6 +83,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.sip_calls
 	$(PY) -m tests.bench.legs
 	$(PY) -m tests.bench.scale_out
+	$(PY) -m tests.bench.storm
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache artifacts
