@@ -32,7 +32,6 @@ docs/benchmarks.md (``--no-docs`` to leave it).
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -154,9 +153,7 @@ def render(body: dict[str, Any]) -> str:
             "",
         ]
     lines += [
-        f"- Command: `{body['command']}`",
-        f"- Machine: {body['machine']}",
-        f"- Source: {body['revision']}; date {body['started']}",
+        *report.provenance_lines(body),
         "",
         f"{body['calls']} concurrent calls per leg, one leg after another, each on a fresh "
         "gateway of the same build (espeak, VAD on). Each call: the leg's far end streams "
@@ -224,12 +221,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [{protocol}] FAILED: {exc!r}", flush=True)
             body["rows"].append({"protocol": protocol, "calls": args.calls, "failed": repr(exc)})
     add_ratios(body["rows"])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "legs.json").write_text(json.dumps(body, indent=1))
-    text = render(body)
-    print(text)
-    if not args.no_docs:
-        report.update_doc(DOCS, MARKERS, text.rstrip("\n"))
+    report.publish(
+        out,
+        "legs.json",
+        body,
+        render(body),
+        docs=DOCS,
+        markers=MARKERS,
+        update_docs=not args.no_docs,
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ no ``/metrics`` and no engine process).
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from datetime import UTC, datetime
@@ -285,3 +286,31 @@ def provenance(module: str, argv: list[str] | None) -> dict[str, Any]:
         "revision": source_revision(str(Path(__file__).resolve().parents[2])),
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+
+
+def provenance_lines(body: dict[str, Any]) -> list[str]:
+    """The opening lines of a docs block: the command, the machine, the source."""
+    return [
+        f"- Command: `{body['command']}`",
+        f"- Machine: {body['machine']}",
+        f"- Source: {body['revision']}; date {body['started']}",
+    ]
+
+
+def publish(
+    out: Path,
+    name: str,
+    body: dict[str, Any],
+    text: str,
+    *,
+    docs: Path,
+    markers: tuple[str, str],
+    update_docs: bool,
+) -> None:
+    """Write ``body`` as ``out/name``, print ``text`` and, unless told not to, put it
+    between ``markers`` in ``docs``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(body, indent=1))
+    print(text)
+    if update_docs:
+        update_doc(docs, markers, text.rstrip("\n"))

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -190,9 +189,7 @@ def render(body: dict[str, Any]) -> str:
             "",
         ]
     lines += [
-        f"- Command: `{body['command']}`",
-        f"- Machine: {body['machine']}",
-        f"- Source: {body['revision']}; date {body['started']}",
+        *report.provenance_lines(body),
         "",
         "Native calls (standard mix, espeak, realtime mu-law), each run on a fresh host: one "
         "gateway process, then the host supervisor with its workers on one port. Gateway CPU: "
@@ -265,12 +262,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  [relay] FAILED: {exc!r}", flush=True)
         body["relay"] = {"failed": repr(exc)}
     body["relay_s"] = round(time.monotonic() - started, 1)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scale_out.json").write_text(json.dumps(body, indent=1))
-    text = render(body)
-    print(text)
-    if not args.no_docs:
-        report.update_doc(DOCS, MARKERS, text.rstrip("\n"))
+    report.publish(
+        out,
+        "scale_out.json",
+        body,
+        render(body),
+        docs=DOCS,
+        markers=MARKERS,
+        update_docs=not args.no_docs,
+    )
     return 0
 
 

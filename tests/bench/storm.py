@@ -273,9 +273,7 @@ def render(body: dict[str, Any]) -> str:
             "",
         ]
     lines += [
-        f"- Command: `{body['command']}`",
-        f"- Machine: {body['machine']}",
-        f"- Source: {body['revision']}; date {body['started']}",
+        *report.provenance_lines(body),
         "",
         f"Established native calls speak for {body['duration_s']:g} s "
         f"({body['workers']} gateway worker(s), espeak, realtime mu-law); in one run, "
@@ -337,12 +335,15 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:
                 print(f"  FAILED: {exc!r}", flush=True)
                 body.setdefault("failed", []).append(repr(exc))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "storm.json").write_text(json.dumps(body, indent=1))
-    text = render(body)
-    print(text)
-    if not args.no_docs:
-        report.update_doc(DOCS, MARKERS, text.rstrip("\n"))
+    report.publish(
+        out,
+        "storm.json",
+        body,
+        render(body),
+        docs=DOCS,
+        markers=MARKERS,
+        update_docs=not args.no_docs,
+    )
     return 0
 
 
