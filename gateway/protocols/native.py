@@ -31,7 +31,7 @@ from gateway.protocols.native_codec import (
     encode_event,
     start_options,
 )
-from gateway.protocols.relay import RELAY_HEADER, Relay, RelayUnavailable
+from gateway.protocols.relay import RELAY_HEADER, Relay, RelayEnd, RelayUnavailable
 from gateway.session import Session, SessionState
 from gateway.state import GatewayState
 from gateway.wsframe import FrameWriter
@@ -144,7 +144,13 @@ class NativeConnection(Connection):
 
     async def _pump(self, relay: Relay) -> None:
         """The owner's frames to our peer; when the owner ends, we end alike."""
-        end = await relay.pump(self._writer.send_text, self._writer.send_binary, self.backlogged)
+        try:
+            end = await relay.pump(
+                self._writer.send_text, self._writer.send_binary, self.backlogged
+            )
+        except Exception:
+            log.exception("session %s: relay failed", self.session.id)
+            end = RelayEnd(CloseCode.INTERNAL_ERROR, "relay failed", lost=True)
         if end.lost:
             self._state.metrics.call_relays.labels(result="lost").inc()
             message = "the gateway worker holding the call went away"

@@ -61,15 +61,16 @@ class Relay:
             url = f"{address}/v1/stream"
         client = aiohttp.ClientSession(connector=connector)
         try:
-            ws = await client.ws_connect(
-                url,
-                headers={"Authorization": f"Bearer {token}", RELAY_HEADER: "1"},
-                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=CONNECT_TIMEOUT_S),
-                max_msg_size=max_message_bytes,
-                compress=0,
-                autoping=True,
-                autoclose=True,
-            )
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):  # connect and upgrade
+                ws = await client.ws_connect(
+                    url,
+                    headers={"Authorization": f"Bearer {token}", RELAY_HEADER: "1"},
+                    timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=CONNECT_TIMEOUT_S),
+                    max_msg_size=max_message_bytes,
+                    compress=0,
+                    autoping=True,
+                    autoclose=True,
+                )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             await client.close()
             raise RelayUnavailable(f"{address}: {exc!r}") from exc

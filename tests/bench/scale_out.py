@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ import numpy as np
 
 from tests.bench import report
 from tests.bench.loadgen import LoadOptions, default_out_dir, run_level, stop_on_signals
+from tests.bench.procstat import cpu_seconds
 from tests.bench.targets import GatewayTarget, HostTarget
 from tests.integration.harness import NativeClient, worker_of
 from tests.integration.telephony_peers import TwilioPeer, first_event
@@ -42,6 +44,8 @@ from tests.integration.telephony_peers import TwilioPeer, first_event
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 MARKERS = ("<!-- scale-out:begin -->", "<!-- scale-out:end -->")
 STANDARD_SESSIONS, STANDARD_DURATION_S, STANDARD_SAMPLES = 500, 30.0, 1000
+SCRAPES = 200
+GATEWAY_ROLES = ("server",)  # with several workers: worker0, worker1, ...
 ATTEMPTS = 40
 
 
@@ -58,9 +62,38 @@ def run_workers(workers: int, sessions: int, opts: LoadOptions, work: Path) -> d
     target.start()
     try:
         level = run_level(target, sessions, opts)
+        scrape = scrape_cost(target)
     finally:
         target.stop()
-    return row(workers, level)
+    return {**row(workers, level), "scrape": scrape}
+
+
+def scrape_cost(target: GatewayTarget, scrapes: int = SCRAPES) -> dict[str, Any]:
+    """``scrapes`` scrapes of ``/metrics`` one after another, after the load (every series
+    it created is there): the time each took and the gateway CPU each cost (with several
+    workers, whichever answered reads every worker's files)."""
+    url = target.metrics_url
+    assert url is not None
+    pids = [pid for role, pid in target.processes().items() if role in GATEWAY_ROLES]
+    pids += [pid for role, pid in target.processes().items() if role.startswith("worker")]
+    cpu0 = sum(cpu_seconds(pid) or 0.0 for pid in pids)
+    times, size = [], 0
+    for _ in range(scrapes):
+        started = time.perf_counter()
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            size = len(resp.read())
+        times.append((time.perf_counter() - started) * 1000)
+    cpu = sum(cpu_seconds(pid) or 0.0 for pid in pids) - cpu0
+    arr = np.array(times)
+    out = {
+        "scrapes": scrapes,
+        "p50_ms": round(float(np.percentile(arr, 50)), 2),
+        "p99_ms": round(float(np.percentile(arr, 99)), 2),
+        "gateway_cpu_ms_per_scrape": round(1000 * cpu / scrapes, 2),
+        "bytes": size,
+    }
+    print(f"  => /metrics: {out}", flush=True)
+    return out
 
 
 def row(workers: int, level: dict[str, Any]) -> dict[str, Any]:
@@ -216,6 +249,19 @@ def render(body: dict[str, Any]) -> str:
             f"{r['late_frames']} | {r['errors']} | {per_worker} | {r['engine_cpu_pct']} "
             f"| {r['machine_cpu_pct']} | {r['calls_per_gateway_core']} |"
         )
+    scraped = [r for r in body["rows"] if "scrape" in r]
+    if scraped:
+        lines += [
+            "",
+            f"`/metrics` after each run ({scraped[0]['scrape']['scrapes']} scrapes in a row):",
+        ]
+        for r in scraped:
+            sc = r["scrape"]
+            lines.append(
+                f"- {r['sessions']} calls, {r['workers']} worker(s): p50 {sc['p50_ms']} ms, "
+                f"p99 {sc['p99_ms']} ms, {sc['gateway_cpu_ms_per_scrape']} ms of gateway CPU "
+                f"per scrape, {sc['bytes']} bytes"
+            )
     relay = body.get("relay")
     if relay and "failed" not in relay:
         lines += [

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import threading
 import time
 import urllib.request
@@ -42,27 +41,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.bench import report
 from tests.bench.loadgen import LoadOptions, default_out_dir, run_level, stop_on_signals
+from tests.bench.procstat import cpu_seconds
 from tests.bench.targets import GatewayTarget, HostTarget, Target
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 MARKERS = ("<!-- storm:begin -->", "<!-- storm:end -->")
 STANDARD = {"established": 200, "storm": 1000, "over": 1.0}
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 START = json.dumps({"type": "start", "voice": "en-us", "format": "mulaw_8000"})
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of ``pid`` so far (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def gateway_cpu(target: Target) -> float:
     return sum(
-        cpu_seconds(pid)
+        cpu_seconds(pid) or 0.0
         for role, pid in target.processes().items()
         if role == "server" or role.startswith("worker")
     )

@@ -42,6 +42,7 @@ async def test_the_neural_voice_is_listed_with_its_backend(gateway: GatewayProce
     assert voices["en-us"]["backend"] == "espeak" and voices["zh"]["backend"] == "espeak"
 
 
+@pytest.mark.realtime  # first audio of a CPU model within a bound: runs alone (Makefile)
 async def test_a_session_speaks_with_the_neural_voice(gateway: GatewayProcess) -> None:
     client = await NativeClient.connect(gateway.ws_url, gateway.token())
     try:
