@@ -1200,6 +1200,7 @@ def test_100k_packets_build_and_parse_well_under_a_second() -> None:
     assert time.perf_counter() - started < 1.0
 
 
+@pytest.mark.realtime  # a speed bound: runs alone (Makefile)
 def test_100k_packets_through_sender_parser_and_receiver_quickly() -> None:
     s = sender(first_sequence=65000)
     r = RtpReceiver()
