@@ -190,11 +190,7 @@ class RedisCallDirectory:
         held, self._held = list(self._held), set()
         if held:
             with contextlib.suppress(RedisError, OSError, TimeoutError):
-                async with asyncio.timeout(self._timeout_s):
-                    pipe = self._redis.pipeline(transaction=False)
-                    for digest in held:
-                        pipe.eval(_WITHDRAW, 1, self.key(digest), self._address)
-                    await pipe.execute()
+                await self._write([("withdraw", digest) for digest in held])
 
     def publish(self, tenant: str, call_id: str) -> None:
         digest = call_digest(tenant, call_id)
@@ -228,6 +224,18 @@ class RedisCallDirectory:
         address = value.decode() if isinstance(value, bytes) else str(value)
         return None if address == self._address else address
 
+    async def _write(self, ops: list[tuple[str, str]]) -> None:
+        """``publish`` (write the entry with a fresh lease) or ``withdraw`` each digest,
+        in one pipeline, within the timeout."""
+        async with asyncio.timeout(self._timeout_s):
+            pipe = self._redis.pipeline(transaction=False)
+            for op, digest in ops:
+                if op == "publish":
+                    pipe.set(self.key(digest), self._address, px=self._lease_ms)
+                else:
+                    pipe.eval(_WITHDRAW, 1, self.key(digest), self._address)
+            await pipe.execute()
+
     async def _write_loop(self) -> None:
         pending = self._pending
         assert pending is not None
@@ -236,14 +244,7 @@ class RedisCallDirectory:
             while not pending.empty() and len(batch) < 500:
                 batch.append(pending.get_nowait())
             try:
-                async with asyncio.timeout(self._timeout_s):
-                    pipe = self._redis.pipeline(transaction=False)
-                    for op, digest in batch:
-                        if op == "publish":
-                            pipe.set(self.key(digest), self._address, px=self._lease_ms)
-                        else:
-                            pipe.eval(_WITHDRAW, 1, self.key(digest), self._address)
-                    await pipe.execute()
+                await self._write(batch)
             except (RedisError, OSError, TimeoutError) as exc:
                 # Entries still held are written again by the renewal (SET, not EXPIRE).
                 self.errors += 1
@@ -256,11 +257,7 @@ class RedisCallDirectory:
             if not held:
                 continue
             try:
-                async with asyncio.timeout(self._timeout_s):
-                    pipe = self._redis.pipeline(transaction=False)
-                    for digest in held:
-                        pipe.set(self.key(digest), self._address, px=self._lease_ms)
-                    await pipe.execute()
+                await self._write([("publish", digest) for digest in held])
             except (RedisError, OSError, TimeoutError) as exc:
                 self.errors += 1
                 log.warning("call directory: renewal of %d call(s) failed: %r", len(held), exc)

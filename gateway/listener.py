@@ -82,7 +82,11 @@ class StallWatch:
         now = self._clock()
         watched: dict[asyncio.BaseTransport, tuple[int, float]] = {}
         aborted = 0
-        for transport in self._transports():
+        transports = self._transports()
+        # Also the open-connection gauge's value where a scrape-time function does not
+        # count (several workers' metrics in files, gateway/metrics.py).
+        self._metrics.connections_open.set(len(transports))
+        for transport in transports:
             writer = cast(asyncio.WriteTransport, transport)
             size = writer.get_write_buffer_size()
             if size == 0:
@@ -102,7 +106,6 @@ class StallWatch:
         while True:
             await asyncio.sleep(STALL_CHECK_S)
             self.check()
-            self._metrics.connections_open.set(len(self._transports()))
 
 
 #: The kernel's queue of connections not yet accepted (capped by net.core.somaxconn).
@@ -156,8 +159,8 @@ class GuardedSite(web.TCPSite):
         server = self._runner.server
         assert server is not None
         # Read at scrape time; when the host's workers share their metrics (values in
-        # files, gateway/metrics.py) a function does not count there, so the stall
-        # watch's pass also sets the value every second.
+        # files, gateway/metrics.py) a function does not count there, so each pass of
+        # the stall watch (every second) also sets the value.
         self._metrics.connections_open.set_function(lambda: len(server.connections))
         self._server = await asyncio.get_running_loop().create_server(
             self._protocol,

@@ -396,10 +396,15 @@ def _level_result(
     }
 
 
+def is_gateway_role(role: str) -> bool:
+    """A gateway process: a single gateway, or one of a host's workers (``worker0``, ...)."""
+    return role == "server" or role.startswith("worker")
+
+
 def is_server_role(role: str) -> bool:
-    """The processes of the server under test: a gateway and its engine, or a host's
-    supervisor, workers (``worker0``, ``worker1``, ...) and engine."""
-    return role in ("server", "engine", "supervisor") or role.startswith("worker")
+    """The processes of the server under test: the gateway process(es), its engine, and a
+    host's supervisor."""
+    return is_gateway_role(role) or role in ("engine", "supervisor")
 
 
 def run_levels(

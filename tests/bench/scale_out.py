@@ -35,18 +35,22 @@ from typing import Any
 import numpy as np
 
 from tests.bench import report
-from tests.bench.loadgen import LoadOptions, default_out_dir, run_level, stop_on_signals
-from tests.bench.procstat import cpu_seconds
+from tests.bench.loadgen import (
+    LoadOptions,
+    default_out_dir,
+    is_gateway_role,
+    run_level,
+    stop_on_signals,
+)
+from tests.bench.storm import gateway_cpu
 from tests.bench.targets import GatewayTarget, HostTarget
-from tests.integration.harness import NativeClient, worker_of
-from tests.integration.telephony_peers import TwilioPeer, first_event
+from tests.integration.harness import NativeClient
+from tests.integration.telephony_peers import attached_app, leg_on
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 MARKERS = ("<!-- scale-out:begin -->", "<!-- scale-out:end -->")
 STANDARD_SESSIONS, STANDARD_DURATION_S, STANDARD_SAMPLES = 500, 30.0, 1000
 SCRAPES = 200
-GATEWAY_ROLES = ("server",)  # with several workers: worker0, worker1, ...
-ATTEMPTS = 40
 
 
 def run_workers(workers: int, sessions: int, opts: LoadOptions, work: Path) -> dict[str, Any]:
@@ -74,16 +78,14 @@ def scrape_cost(target: GatewayTarget, scrapes: int = SCRAPES) -> dict[str, Any]
     workers, whichever answered reads every worker's files)."""
     url = target.metrics_url
     assert url is not None
-    pids = [pid for role, pid in target.processes().items() if role in GATEWAY_ROLES]
-    pids += [pid for role, pid in target.processes().items() if role.startswith("worker")]
-    cpu0 = sum(cpu_seconds(pid) or 0.0 for pid in pids)
+    cpu0 = gateway_cpu(target)
     times, size = [], 0
     for _ in range(scrapes):
         started = time.perf_counter()
         with urllib.request.urlopen(url, timeout=10) as resp:
             size = len(resp.read())
         times.append((time.perf_counter() - started) * 1000)
-    cpu = sum(cpu_seconds(pid) or 0.0 for pid in pids) - cpu0
+    cpu = gateway_cpu(target) - cpu0
     arr = np.array(times)
     out = {
         "scrapes": scrapes,
@@ -99,9 +101,7 @@ def scrape_cost(target: GatewayTarget, scrapes: int = SCRAPES) -> dict[str, Any]
 def row(workers: int, level: dict[str, Any]) -> dict[str, Any]:
     client, cpu = level["client"], level["cpu_pct"]
     server = level.get("server") or {}
-    gateway_cpu = {
-        role: pct for role, pct in cpu.items() if role == "server" or role.startswith("worker")
-    }
+    gateway_cpu = {role: pct for role, pct in cpu.items() if is_gateway_role(role)}
     total = sum(gateway_cpu.values())
     ready = int(client["sessions_ready"])
     out = {
@@ -133,24 +133,6 @@ def row(workers: int, level: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def _app_on(url: str, token: str, call_id: str, worker: str) -> NativeClient:
-    """An application attached to ``call_id`` through ``worker`` (retrying while the leg
-    registers its call, and until the kernel hands the connection to that worker)."""
-    for _ in range(ATTEMPTS):
-        app = await NativeClient.connect(url, token)
-        if worker_of(app.ws) != worker:
-            await app.aclose()
-            continue
-        await app.send(type="start", call=call_id)
-        event = await first_event(app)
-        if event.get("type") == "ready":
-            await app.wait_event("call_started")
-            return app
-        await app.aclose()
-        await asyncio.sleep(0.05)
-    raise RuntimeError(f"could not attach through worker {worker}")
-
-
 async def _mark_rtt(app: NativeClient, name: str) -> float:
     sent = await app.send(type="mark", name=name)
     await app.wait_event("mark", name=name)
@@ -162,16 +144,9 @@ async def _relay_latency(target: HostTarget, samples: int) -> dict[str, Any]:
     token = target.token()
     assert token is not None
     base = target.ws_url.removesuffix("/v1/stream")
-    leg = None
-    for _ in range(ATTEMPTS):
-        leg = await TwilioPeer.connect(f"{base}/v1/twilio", access_token=token)
-        if worker_of(leg.ws) == "0":
-            break
-        await leg.aclose()
-    assert leg is not None
-    await leg.begin()
-    local = await _app_on(target.ws_url, token, leg.call_sid, "0")
-    relayed = await _app_on(target.ws_url, token, leg.call_sid, "1")
+    leg = await leg_on(f"{base}/v1/twilio", token, worker="0")
+    local = await attached_app(target.ws_url, token, leg.call_sid, worker="0")
+    relayed = await attached_app(target.ws_url, token, leg.call_sid, worker="1")
     times: dict[str, list[float]] = {"local": [], "relayed": []}
     try:
         for i in range(samples):

@@ -30,17 +30,21 @@ import asyncio
 import json
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.bench import report
-from tests.bench.loadgen import LoadOptions, default_out_dir, run_level, stop_on_signals
+from tests.bench import promscrape, report
+from tests.bench.loadgen import (
+    LoadOptions,
+    default_out_dir,
+    is_gateway_role,
+    run_level,
+    stop_on_signals,
+)
 from tests.bench.procstat import cpu_seconds
 from tests.bench.targets import GatewayTarget, HostTarget, Target
 
@@ -52,21 +56,14 @@ START = json.dumps({"type": "start", "voice": "en-us", "format": "mulaw_8000"})
 
 def gateway_cpu(target: Target) -> float:
     return sum(
-        cpu_seconds(pid) or 0.0
-        for role, pid in target.processes().items()
-        if role == "server" or role.startswith("worker")
+        cpu_seconds(pid) or 0.0 for role, pid in target.processes().items() if is_gateway_role(role)
     )
 
 
 def active_sessions(metrics_url: str) -> float:
-    with urllib.request.urlopen(metrics_url, timeout=5) as resp:
-        text = resp.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "gateway_sessions_active"
-    )
+    scrape = promscrape.fetch(metrics_url)
+    values = scrape.values if scrape is not None else {}
+    return sum(v for k, v in values.items() if k.startswith("gateway_sessions_active{"))
 
 
 @dataclass

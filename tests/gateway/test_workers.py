@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.multiprocess import mark_process_dead
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.errors import IllegalTransition
 from gateway.workers import (
@@ -24,6 +23,7 @@ from gateway.workers import (
     clear_metrics_dir,
     worker_env,
 )
+from tests.bench.promscrape import Scrape
 
 BASE = {
     "GATEWAY_PORT": "8080",
@@ -101,15 +101,6 @@ def _run(code: str, directory: Path, *args: str) -> subprocess.CompletedProcess[
     )
 
 
-def _samples(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            out[f"{sample.name}{{{labels}}}"] = sample.value
-    return out
-
-
 def test_a_scrape_of_any_worker_answers_for_the_host(tmp_path: Path) -> None:
     """Two worker processes write their values; a third process's scrape sums the
     counters and histograms, sums live gauges, takes the minimum of engine readiness,
@@ -122,14 +113,14 @@ def test_a_scrape_of_any_worker_answers_for_the_host(tmp_path: Path) -> None:
     )
     first.wait(60)
     _run(WORKER, tmp_path, "2", "0")
-    samples = _samples(_run(SCRAPE, tmp_path).stdout)
+    samples = Scrape.parse(_run(SCRAPE, tmp_path).stdout).values
     assert samples["gateway_sessions_total{protocol=native}"] == 5
-    assert samples["gateway_first_audio_seconds_count{}"] == 2
-    assert samples["gateway_engine_ready{}"] == 0  # one worker without an engine: not ready
+    assert samples["gateway_first_audio_seconds_count"] == 2
+    assert samples["gateway_engine_ready"] == 0  # one worker without an engine: not ready
     assert not any(name.startswith("process_") for name in samples)
     # The processes have exited, but nobody said so: their live gauges still count.
     assert samples["gateway_sessions_active{protocol=native}"] == 5
     mark_process_dead(first.pid, str(tmp_path))  # type: ignore[no-untyped-call]
-    samples = _samples(_run(SCRAPE, tmp_path).stdout)
+    samples = Scrape.parse(_run(SCRAPE, tmp_path).stdout).values
     assert samples["gateway_sessions_active{protocol=native}"] == 2
     assert samples["gateway_sessions_total{protocol=native}"] == 5

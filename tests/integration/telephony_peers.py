@@ -42,7 +42,7 @@ import numpy.typing as npt
 
 from telephony.codecs import g711
 from tests.integration.conftest import Connect
-from tests.integration.harness import GatewayProcess, NativeClient
+from tests.integration.harness import GatewayProcess, NativeClient, worker_of
 
 FRAME_S = 0.020
 ULAW_FRAME_BYTES = 160  # 20 ms of G.711 at 8 kHz
@@ -683,3 +683,57 @@ def max_run_ahead_ms(chunks: list[tuple[float, int]], bytes_per_second: int = 80
         worst = max(worst, start - arrived)
         play_end = start + size / bytes_per_second
     return worst * 1000
+
+
+# -- several workers on one port: landing on a given worker -----------------------
+
+#: Connections tried to land one on a given worker (the kernel picks, SO_REUSEPORT).
+ATTEMPTS = 40
+
+
+async def client_on(url: str, token: str, *, worker: str | None = None,
+                    avoid: str | None = None) -> NativeClient:  # fmt: skip
+    """A native client on ``worker`` (or on any worker but ``avoid``)."""
+    for _ in range(ATTEMPTS):
+        client = await NativeClient.connect(url, token)
+        got = worker_of(client.ws)
+        if (worker is None or got == worker) and got != avoid:
+            return client
+        await client.aclose()
+    raise AssertionError(f"no connection landed on worker {worker} (avoiding {avoid})")
+
+
+async def leg_on(url: str, token: str, *, worker: str | None = None) -> TwilioPeer:
+    for _ in range(ATTEMPTS):
+        peer = await TwilioPeer.connect(url, access_token=token)
+        if worker is None or worker_of(peer.ws) == worker:
+            await peer.begin()
+            return peer
+        await peer.aclose()
+    raise AssertionError(f"no Twilio leg landed on worker {worker}")
+
+
+async def attached_app(
+    url: str,
+    token: str,
+    call_id: str,
+    *,
+    worker: str | None = None,
+    avoid: str | None = None,
+    timeout: float = 5.0,
+) -> NativeClient:
+    """An application attached to ``call_id`` from ``worker`` (or any but ``avoid``). The
+    leg registers its call a moment after its start message: ``unknown_call`` is retried
+    until ``timeout`` (as tests/integration/telephony_peers.py's ``attach`` does)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        app = await client_on(url, token, worker=worker, avoid=avoid)
+        await app.send(type="start", call=call_id)
+        event = await first_event(app)
+        if event.get("type") == "ready":
+            await app.wait_event("call_started")
+            return app
+        await app.aclose()
+        if event.get("code") != "unknown_call" or time.monotonic() > deadline:
+            raise AssertionError(f"attach to {call_id}: {event}")
+        await asyncio.sleep(0.05)
