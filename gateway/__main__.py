@@ -194,8 +194,6 @@ async def _serve_until_signalled(
             await relay.site(runner).start()
         listening()
         await stop.wait()
-        if watcher is not None:
-            watcher.cancel()
         log.info("shutting down: no new connections (a second signal skips the drain)")
         await site.stop()
         drain = asyncio.create_task(app[STATE_KEY].connections.drain(settings.drain_timeout_s))
@@ -204,6 +202,8 @@ async def _serve_until_signalled(
         with contextlib.suppress(asyncio.CancelledError):
             await drain
     finally:
+        if watcher is not None:  # the supervisor's watch ends with the serving, however
+            watcher.cancel()
         await runner.cleanup()
 
 

@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prometheus_client.multiprocess import mark_process_dead
 
@@ -83,7 +83,6 @@ class Worker:
     state: WorkerState = WorkerState.STOPPED
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
-    exits: list[int] = field(default_factory=list)  # return codes of unasked exits
 
     def transition(self, new: WorkerState, reason: str) -> None:
         if new not in _TRANSITIONS[self.state]:
@@ -137,13 +136,10 @@ class HostSupervisor:
         self,
         settings: GatewaySettings,
         env: Mapping[str, str],
-        *,
-        on_worker_exit: Callable[[Worker, int], None] | None = None,
     ) -> None:
         self.settings = settings
         self._env = dict(env)
         self.workers = [Worker(i) for i in range(settings.workers)]
-        self._on_worker_exit = on_worker_exit
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         self._run_dir = tempfile.mkdtemp(prefix="ivr-gateway-")
@@ -164,11 +160,6 @@ class HostSupervisor:
             self.engine_socket = self.engine.socket_path
         else:
             self.engine_socket = settings.engine_socket
-
-    @property
-    def run_dir(self) -> str:
-        """Files the host's workers share (metrics; later the call directory)."""
-        return self._run_dir
 
     async def start(self) -> None:
         clear_metrics_dir(self.metrics_dir)
@@ -255,10 +246,7 @@ class HostSupervisor:
                 if worker.state is WorkerState.STOPPING:
                     worker.transition(WorkerState.STOPPED, f"exited with {code}")
                 return
-            worker.exits.append(code)
             worker.transition(WorkerState.BACKOFF, f"exited with {code} unasked")
-            if self._on_worker_exit is not None:
-                self._on_worker_exit(worker, code)
             if time.monotonic() - started > STABLE_AFTER_S:
                 backoff = BACKOFF_INITIAL_S
             await asyncio.sleep(backoff)

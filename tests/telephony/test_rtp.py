@@ -1192,6 +1192,7 @@ def test_error_codes() -> None:
     }
 
 
+@pytest.mark.realtime  # a speed bound: runs alone (Makefile)
 def test_100k_packets_build_and_parse_well_under_a_second() -> None:
     packet = RtpPacket(0, 1, 2, 3, True, FRAME)
     started = time.perf_counter()
