@@ -188,6 +188,7 @@ class _Prepare:
     owner: object
     pcm16k: bytes
     language: str | None
+    transcript: str | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,9 @@ class _Job:
     voice: object  # the backend's handle
     resampler: StreamingResampler  # the stream's, used by the worker while it runs the job
     offset_s: float = 0.0  # where its audio starts in the utterance (word times)
+    # The stream it was taken from (its slot may hold another stream by the time the
+    # job ends); not part of the job's identity.
+    stream: object = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -364,11 +368,17 @@ class Scheduler:
         self._commands.put(_CancelUtterance(slot, utterance))
 
     def prepare_voice(
-        self, *, request_id: int, owner: object, pcm16k: bytes, language: str | None
+        self,
+        *,
+        request_id: int,
+        owner: object,
+        pcm16k: bytes,
+        language: str | None,
+        transcript: str | None = None,
     ) -> None:
         """Extract voice features on the worker thread (the backend's owner); answered
         with VoicePrepared or VoicePrepareFailed through ``on_event``."""
-        self._commands.put(_Prepare(request_id, owner, pcm16k, language))
+        self._commands.put(_Prepare(request_id, owner, pcm16k, language, transcript))
 
     def close_stream(self, slot: int) -> None:
         self._generations[slot] = self._generations.get(slot, 0) + 1
@@ -458,7 +468,7 @@ class Scheduler:
                     "voice_cloning_unsupported",
                     f"backend {self._backends.name} has no custom voices",
                 )
-            features = backend.prepare_voice(command.pcm16k, command.language)
+            features = backend.prepare_voice(command.pcm16k, command.language, command.transcript)
             message = VoicePrepared(
                 request_id=command.request_id,
                 features=features,
@@ -620,6 +630,7 @@ class Scheduler:
                             stream.voice.handle,
                             stream.resampler,
                             utterance.native_s,
+                            stream,
                         )
                     )
                 lane.in_flight += 1
@@ -696,7 +707,10 @@ class Scheduler:
         self.stats.synth_seconds += done.seconds
         for job in done.batch.jobs:
             stream = self._streams.get(job.slot)
-            if stream is not None and stream.generation == job.generation:
+            # The worker no longer holds any of this stream's work, whether or not it was
+            # cancelled meanwhile (a backend that streams a segment out over several emits
+            # is still running when a cancel arrives).
+            if stream is not None and stream is job.stream:
                 stream.busy = False
                 self._dirty[stream.slot] = None
             current = self._current(job)

@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from engine.backends.base import Backend, BackendError, EmitFn, PcmChunk, VoiceSettings
+from engine.backends.base import (
+    Backend,
+    BackendError,
+    BatchEmit,
+    EmitFn,
+    PcmChunk,
+    SynthesisJob,
+    VoiceSettings,
+)
 from engine.backends.espeak import EspeakBackend
 from engine.backends.routing import BackendSet
 from engine.backends.synthetic import CHAR_MS, SyntheticBackend
@@ -706,6 +714,39 @@ def test_cancel_only_affects_its_stream(slow_harness):
     assert isinstance(end_b, UtteranceEnd)
     assert drain(ring_b) == expected_pcm([long_text(2)])
     assert not any(isinstance(m, Cancelled) for m in harness.events.messages(101))
+
+
+class StreamingBatchBackend(SyntheticBackend):
+    """A batch backend that streams each segment out over many emits (an autoregressive
+    model's chunks), so a cancel arrives while its batch still runs."""
+
+    max_batch = 4
+    threads = 1
+
+    def batch_key(self, voice: object) -> object:
+        return "one"
+
+    def synthesize_batch(self, jobs: Sequence[SynthesisJob], emit: BatchEmit) -> None:
+        wanted = [True] * len(jobs)
+        for _ in range(40):
+            time.sleep(0.01)
+            for index in range(len(jobs)):
+                if wanted[index]:
+                    wanted[index] = emit(index, np.full(320, 1000, dtype=np.int16))
+            if not any(wanted):
+                return
+
+
+def test_a_stream_cancelled_while_its_batch_streams_speaks_again(make_harness):
+    harness = make_harness(StreamingBatchBackend())
+    harness.open(0, stream_id=5, capacity=1 << 21)
+    harness.scheduler.speak(0, 1, "A long opening prompt.", True)
+    harness.events.wait(UtteranceAudio, 5, 1)
+    harness.scheduler.cancel(0)
+    harness.events.wait(Cancelled, 5)
+    harness.scheduler.speak(0, 2, "Next.", True)
+    end = harness.events.wait(UtteranceEnd, 5, 2).message
+    assert isinstance(end, UtteranceEnd)
 
 
 # ------------------------------------------------------------------------------ close
