@@ -14,7 +14,7 @@ SYSTEM_STAMP := $(VENV)/.system-deps
 APT_PACKAGES := libopus0 opus-tools redis-server chromium fonts-wqy-microhei nginx prometheus \
   sip-tester baresip
 
-.PHONY: run test lint typecheck unit unit-parallel unit-realtime bench clean system-deps
+.PHONY: run test lint typecheck unit unit-parallel unit-realtime bench clean system-deps cosyvoice2
 
 $(SYSTEM_STAMP):
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -34,6 +34,20 @@ $(STAMP): pyproject.toml constraints.txt | $(SYSTEM_STAMP)
 
 system-deps: $(SYSTEM_STAMP)
 
+# The optional cosyvoice2 backend: the CosyVoice sources from PyPI without their declared
+# dependencies (they pull torchaudio, onnxruntime-gpu, whisper and modelscope), plus what
+# the inference path imports (the `cosyvoice2` extra). `make test` installs it: its tests
+# run the real model code on a tiny model directory. `make run` does not need it.
+COSYVOICE2_STAMP := $(VENV)/.installed-cosyvoice2
+COSYVOICE2_SOURCES := cosyvoice-minicpmo==0.1.0
+
+$(COSYVOICE2_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,examples,cosyvoice2]'
+	$(PY) -m pip install -q --no-deps $(COSYVOICE2_SOURCES)
+	@touch $@
+
+cosyvoice2: $(COSYVOICE2_STAMP)
+
 run: $(STAMP)
 	$(PY) -m gateway serve --dev
 
@@ -41,7 +55,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: $(STAMP) $(COSYVOICE2_STAMP)
 	$(VENV)/bin/mypy
 
 # The suites run on every core (pytest-xdist, one test file per worker at a time), mypy
@@ -50,10 +64,10 @@ PYTEST_WORKERS ?= 2
 
 unit: unit-parallel unit-realtime
 
-unit-parallel: $(STAMP)
+unit-parallel: $(STAMP) $(COSYVOICE2_STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not realtime"
 
-unit-realtime: $(STAMP)
+unit-realtime: $(STAMP) $(COSYVOICE2_STAMP)
 	$(PY) -m pytest -q -m realtime
 
 test: lint

@@ -46,6 +46,7 @@ class EngineSettings:
     memory_reject_percent: int = 85
     workers: int = 1  # model workers for backends that run on several threads
     max_batch: int = 1  # segments per model call for backends that batch
+    device: str = "cpu"  # where model backends run (ENGINE_DEVICE: cpu, cuda, cuda:N)
 
     @property
     def backends(self) -> list[str]:
@@ -64,4 +65,5 @@ class EngineSettings:
             memory_reject_percent=env_int(env, "ENGINE_MEMORY_REJECT_PERCENT", 85, minimum=1),
             workers=env_int(env, "ENGINE_WORKERS", available_cores(), minimum=1),
             max_batch=env_int(env, "ENGINE_MAX_BATCH", 1, minimum=1),
+            device=env.get("ENGINE_DEVICE") or "cpu",
         )

@@ -198,6 +198,7 @@ class _Connection(asyncio.Protocol):
                 owner=self,
                 pcm16k=message.pcm16k,
                 language=message.language,
+                transcript=message.transcript,
             )
         elif isinstance(message, CloseStream):
             slot = self.streams.pop(message.stream_id, None)

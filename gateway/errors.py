@@ -72,6 +72,7 @@ class ErrorCode(enum.StrEnum):
     BACKEND_ERROR = "backend_error"
     INVALID_SPEED = "invalid_speed"
     INVALID_VOICE_PROFILE = "invalid_voice_profile"
+    CUDA_OOM = "cuda_oom"  # a GPU backend ran out of device memory for a batch
     # telephony calls
     NOT_ATTACHED = "not_attached"
     UNKNOWN_CALL = "unknown_call"
@@ -96,6 +97,7 @@ class ErrorCode(enum.StrEnum):
     AUDIO_TOO_LONG = "audio_too_long"
     AUDIO_CLIPPED = "audio_clipped"
     NO_SPEECH = "no_speech"
+    TRANSCRIPT_REQUIRED = "transcript_required"  # the backend conditions on what it says
 
     @classmethod
     def from_engine(cls, code: str) -> ErrorCode:

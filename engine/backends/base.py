@@ -162,9 +162,12 @@ class VoicePreparer(Protocol):
     owns the backend, like ``synthesize``). Found with ``isinstance``; the feature
     format's version is the backend's ``version``."""
 
-    def prepare_voice(self, pcm16k: bytes, language: str | None) -> bytes:
-        """Features of the reference (16-bit mono PCM at 16 kHz): a versioned blob that
-        ``resolve_voice`` accepts as ``VoiceSettings.profile``. Raises BackendError."""
+    def prepare_voice(
+        self, pcm16k: bytes, language: str | None, transcript: str | None = None
+    ) -> bytes:
+        """Features of the reference (16-bit mono PCM at 16 kHz) and, where the backend
+        uses it, its transcript: a versioned blob that ``resolve_voice`` accepts as
+        ``VoiceSettings.profile``. Raises BackendError."""
         ...
 
 
@@ -204,7 +207,9 @@ def backend_names() -> list[str]:
 def _load_builtin_backends() -> None:
     # Imported lazily so that a backend's heavy dependencies load only when chosen.
     from engine.backends import espeak, piper, synthetic
+    from engine.backends.cosyvoice2 import backend as cosyvoice2
 
+    cosyvoice2.register()
     espeak.register()
     piper.register()
     synthetic.register()

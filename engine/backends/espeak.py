@@ -543,7 +543,9 @@ class EspeakBackend:
 
     # --- voice matching (owning thread only) -------------------------------------------
 
-    def prepare_voice(self, pcm16k: bytes, language: str | None) -> bytes:
+    def prepare_voice(
+        self, pcm16k: bytes, language: str | None, transcript: str | None = None
+    ) -> bytes:
         """An :class:`EspeakProfile` blob (``VoiceSettings.profile``) for a reference.
 
         This is voice matching, not cloning: the profile names a stock espeak variant

@@ -52,7 +52,9 @@ class SyntheticBackend:
             for vid, freq in _VOICES.items()
         ]
 
-    def prepare_voice(self, pcm16k: bytes, language: str | None) -> bytes:
+    def prepare_voice(
+        self, pcm16k: bytes, language: str | None, transcript: str | None = None
+    ) -> bytes:
         """A custom tone voice: the reference's zero-crossing frequency (test stand-in)."""
         if os.environ.get("ENGINE_SYNTHETIC_PREPARE_MS"):
             time.sleep(float(os.environ["ENGINE_SYNTHETIC_PREPARE_MS"]) / 1000)

@@ -340,7 +340,12 @@ class EngineClient(asyncio.Protocol):
             transport.write(b"".join(outbox))
 
     async def prepare_voice(
-        self, pcm16k: bytes, *, language: str | None = None, timeout: float = 60.0
+        self,
+        pcm16k: bytes,
+        *,
+        language: str | None = None,
+        transcript: str | None = None,
+        timeout: float = 60.0,
     ) -> VoicePrepared:
         """Extract voice features from normalized reference audio (16 kHz mono PCM).
 
@@ -350,7 +355,11 @@ class EngineClient(asyncio.Protocol):
         future: asyncio.Future[VoicePrepared] = asyncio.get_running_loop().create_future()
         self._preparing[request_id] = future
         try:
-            self.send(PrepareVoice(request_id=request_id, pcm16k=pcm16k, language=language))
+            self.send(
+                PrepareVoice(
+                    request_id=request_id, pcm16k=pcm16k, language=language, transcript=transcript
+                )
+            )
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise EngineUnavailable("engine did not answer PrepareVoice") from None

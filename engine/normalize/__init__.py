@@ -118,6 +118,7 @@ Conventions, Chinese
 from __future__ import annotations
 
 import functools
+import re
 
 from engine.normalize.en import English
 from engine.normalize.zh import Chinese
@@ -141,8 +142,23 @@ def _rules(language: str) -> English | Chinese | None:
     return None
 
 
+MULTILINGUAL = "mul"  # ISO 639-2 "multiple languages": a voice that reads several
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+def _rules_for(text: str, language: str) -> English | Chinese | None:
+    """``language``'s rules; for ``mul`` (a multilingual voice such as CosyVoice2's)
+    Chinese rules when the text has Han characters, else English."""
+    if language.strip().lower() == MULTILINGUAL:
+        return _rules("zh" if _HAN.search(text) else "en")
+    return _rules(language)
+
+
 def language_family(language: str) -> str:
-    """``"en"``, ``"zh"`` (Mandarin and Cantonese) or ``""`` (passed through) for a tag."""
+    """``"en"``, ``"zh"`` (Mandarin and Cantonese), ``"mul"`` (chosen per text) or ``""``
+    (passed through) for a tag."""
+    if language.strip().lower() == MULTILINGUAL:
+        return MULTILINGUAL
     rules = _rules(language)
     if isinstance(rules, English):
         return "en"
@@ -157,7 +173,7 @@ def spoken(text: str, language: str) -> str:
 
     Unknown languages: ``text`` unchanged. Deterministic, idempotent, never raises.
     """
-    rules = _rules(language)
+    rules = _rules_for(text, language)
     if rules is None:
         return text
     try:

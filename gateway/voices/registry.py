@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import re
 import secrets
@@ -116,8 +117,17 @@ def is_voice_id(value: str) -> bool:
     return _VOICE_ID.fullmatch(value) is not None
 
 
+def transcript_tag(transcript: str | None) -> str:
+    """The part of a feature key that names the reference's transcript ("" without one):
+    features made with another transcript are other features."""
+    if not transcript:
+        return ""
+    return "t" + hashlib.blake2b(transcript.encode(), digest_size=8).hexdigest() + ":"
+
+
 def base_voice_for(language: str, voices: dict[str, str]) -> str | None:
-    """The built-in voice that speaks ``language`` (exact tag first, then its prefix)."""
+    """The built-in voice that speaks ``language`` (exact tag first, then its prefix,
+    then a multilingual voice: language ``mul``)."""
     wanted = language.lower()
     for voice_id, tag in voices.items():
         if tag.lower() == wanted or voice_id == wanted:
@@ -126,7 +136,7 @@ def base_voice_for(language: str, voices: dict[str, str]) -> str | None:
     for voice_id, tag in voices.items():
         if tag.lower().split("-")[0] == prefix:
             return voice_id
-    return None
+    return next((voice_id for voice_id, tag in voices.items() if tag.lower() == "mul"), None)
 
 
 class VoiceRegistry:
@@ -173,12 +183,15 @@ class VoiceRegistry:
         language: str,
         load_audio: Callable[[], asyncio.Future[bytes | None]] | None = None,
         audio: bytes | None = None,
+        transcript: str | None = None,
     ) -> bytes:
-        """Features of reference ``sha``: L1, then L2, then extraction (once per cluster)."""
+        """Features of reference ``sha`` (and its ``transcript``, for backends that
+        condition on what the reference says): L1, then L2, then extraction (once per
+        cluster)."""
         info = self._backend()
         if info is None:
             raise VoiceError(ErrorCode.ENGINE_UNAVAILABLE, "the TTS engine is not ready", 503)
-        key = f"{info.name}:{info.version}:{language.lower()}:{sha}"
+        key = f"{info.name}:{info.version}:{language.lower()}:{transcript_tag(transcript)}{sha}"
         self.lookups += 1
         blob = self._features.get(key)
         self._count("l1", blob is not None)
@@ -200,7 +213,7 @@ class VoiceRegistry:
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
-            blob = await self._extract_once(key, language, load_audio, audio)
+            blob = await self._extract_once(key, language, load_audio, audio, transcript)
             future.set_result(blob)
             self._features.put(key, blob)
             return blob
@@ -217,6 +230,7 @@ class VoiceRegistry:
         language: str,
         load_audio: Callable[[], asyncio.Future[bytes | None]] | None,
         audio: bytes | None,
+        transcript: str | None,
     ) -> bytes:
         deadline = time.monotonic() + WAIT_FOR_OTHER_S
         while not await self._store.try_lock(key, LOCK_TTL_S):
@@ -240,7 +254,9 @@ class VoiceRegistry:
                     ErrorCode.VOICE_UNAVAILABLE, "the voice's reference audio is gone", 410
                 )
             try:
-                prepared = await self._engine().prepare_voice(audio, language=language)
+                prepared = await self._engine().prepare_voice(
+                    audio, language=language, transcript=transcript
+                )
             except EngineRejected as exc:
                 raise VoiceError(ErrorCode.from_engine(exc.code), exc.message, 400) from None
             except EngineUnavailable:
@@ -291,7 +307,7 @@ class VoiceRegistry:
         ref = await reference()
         voice_id = VOICE_ID_PREFIX + secrets.token_hex(8)
         try:
-            await self.features(ref.sha256, language, audio=ref.pcm)
+            await self.features(ref.sha256, language, audio=ref.pcm, transcript=transcript)
             await self._store.save_audio(ref.sha256, ref.pcm, voice_id)
             record = VoiceRecord(
                 id=voice_id,
@@ -302,6 +318,7 @@ class VoiceRegistry:
                 duration_ms=ref.duration_ms,
                 audio_sha256=ref.sha256,
                 created_at=time.time(),
+                transcript=transcript,
             )
             await self._store.save_record(record)
         except StorageUnavailable:
@@ -402,7 +419,9 @@ class VoiceRegistry:
             return asyncio.ensure_future(self._store.load_audio(record.audio_sha256))
 
         try:
-            blob = await self.features(record.audio_sha256, record.language, load_audio)
+            blob = await self.features(
+                record.audio_sha256, record.language, load_audio, transcript=record.transcript
+            )
         except StorageUnavailable:
             raise VoiceError(
                 ErrorCode.STORAGE_UNAVAILABLE, "voice storage is unreachable", 503

@@ -56,6 +56,7 @@ class VoiceRecord:
     duration_ms: int
     audio_sha256: str
     created_at: float
+    transcript: str | None = None  # what the reference says (CosyVoice2 conditions on it)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import numpy as np
@@ -44,8 +44,13 @@ class Prepared:
 
 
 class FakeEngine:
-    async def prepare_voice(self, pcm16k: bytes, *, language: str | None = None) -> Prepared:
-        return Prepared(features=b"features:" + pcm16k[:16])
+    transcripts: ClassVar[list[str | None]] = []  # every extraction's, in order
+
+    async def prepare_voice(
+        self, pcm16k: bytes, *, language: str | None = None, transcript: str | None = None
+    ) -> Prepared:
+        FakeEngine.transcripts.append(transcript)
+        return Prepared(features=f"features:{transcript}:".encode() + pcm16k[:16])
 
 
 def reference(pcm: bytes = b"\x01\x00" * 16000) -> ReferenceAudio:
@@ -174,6 +179,21 @@ async def test_audio_goes_to_a_temporary_file_that_is_removed(make_client: MakeC
     assert workers.seen == [audio]
     assert not workers.paths[0].exists()
     assert workers.paths[0].name.startswith("voice-upload-")
+
+
+async def test_the_transcript_reaches_the_engine_and_keys_the_features(
+    make_client: MakeClient,
+) -> None:
+    client = await make_client(FakeWorkers())
+    FakeEngine.transcripts.clear()
+    for transcript in ("Hello, this is Ann.", "Hello, this is Ann.", "Something else."):
+        r = await client.post(
+            "/v1/voices", data=form(name="Ann", transcript=transcript), headers=auth()
+        )
+        assert r.status == 201, await r.text()
+    # The same audio with the same transcript is extracted once; another transcript
+    # (CosyVoice2 conditions on it) is another extraction.
+    assert FakeEngine.transcripts == ["Hello, this is Ann.", "Something else."]
 
 
 async def test_rejected_audio_keeps_its_code_and_leaves_no_file(make_client: MakeClient) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.metrics import GatewayMetrics
-from gateway.voices.registry import RECORD_TTL_S, VoiceRegistry
+from gateway.voices.registry import RECORD_TTL_S, VoiceRegistry, base_voice_for
 from gateway.voices.store import FileVoiceStore, StorageUnavailable, VoiceRecord
 
 RECORD = VoiceRecord(
@@ -141,3 +141,10 @@ async def test_redis_store_erases_a_reference_with_its_last_voice() -> None:
         async for key in client.scan_iter(match=f"{{{prefix}:*"):
             await client.delete(key)
         await client.aclose()
+
+
+def test_a_multilingual_voice_is_the_base_voice_of_any_language() -> None:
+    voices = {"en-us": "en-US", "cosyvoice2": "mul"}
+    assert base_voice_for("en-GB", voices) == "en-us"
+    assert base_voice_for("zh-CN", voices) == "cosyvoice2"
+    assert base_voice_for("fr", {"en-us": "en-US"}) is None

@@ -1,0 +1,353 @@
+"""Backend ``cosyvoice2``: CosyVoice2-0.5B (or any model in its official layout) from a
+local directory, streamed chunk by chunk, many streams batched per LLM step.
+
+Settings: ``COSYVOICE2_MODEL_DIR`` (required), ``ENGINE_DEVICE`` (``cpu``, ``cuda``,
+``cuda:N``), ``COSYVOICE2_DTYPE`` (``float32``, ``float16``, ``bfloat16`` for the flow
+model; default float16 on a GPU, float32 on the CPU), ``ENGINE_MAX_BATCH`` (streams per
+batch, default 16 here), ``ENGINE_WORKERS`` (batches at once).
+
+Voices: ``cosyvoice2`` (the model with no reference: no prompt speech, a zero speaker
+embedding) and one per speaker of the directory's ``spk2info.pt``
+(``cosyvoice2-<speaker>``). A registered voice (``POST /v1/voices`` with ``transcript``)
+is a profile of :class:`~engine.backends.cosyvoice2.voice.VoiceFeatures` made by
+:meth:`CosyVoice2Backend.prepare_voice` and stored under this backend's version, which is
+the model directory's digest: a changed model makes stored profiles stale (they are
+refused and recomputed from the stored reference audio).
+
+``synthesize_batch`` runs its jobs as streams (:mod:`~engine.backends.cosyvoice2.streaming`):
+each LLM step advances every unfinished stream by one token; after each step, each stream
+whose next hop of tokens (plus the flow model's lookahead) is there gets that chunk's
+audio, streams still waiting for their first chunk first; a stream whose ``emit`` returns
+False (cancelled, barge-in) is dropped at once with its caches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import torch
+
+from engine.backends.base import (
+    BackendError,
+    BatchEmit,
+    EmitFn,
+    SynthesisJob,
+    UnknownVoice,
+    VoiceSettings,
+    register_backend,
+)
+from engine.backends.cosyvoice2 import model_dir, upstream
+from engine.backends.cosyvoice2.streaming import (
+    ENDOFPROMPT,
+    Decoder,
+    HopSchedule,
+    LlmState,
+    StreamError,
+    Vocoder,
+    segment_seed,
+)
+from engine.backends.cosyvoice2.voice import (
+    FrontEnd,
+    VoiceFeatureError,
+    VoiceFeatures,
+    decode,
+    encode,
+)
+from engine.ipc.env import ConfigError
+from engine.ipc.schema import VoiceInfo
+
+log = logging.getLogger(__name__)
+
+BASE_VOICE: Final = "cosyvoice2"
+# CosyVoice2 reads Chinese (and dialects), English, Japanese, Korean: its voices are
+# multilingual, and text is normalized as Chinese when it has Han characters, else English.
+LANGUAGE: Final = "mul"
+DEFAULT_MAX_BATCH: Final = 16
+MAX_TEXT_CHARS: Final = 400
+EMBEDDING_DIM: Final = 192
+DTYPES: Final = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class CosyVoice2Settings:
+    model_dir: Path
+    device: str = "cpu"
+    dtype: str = ""
+    max_batch: int = DEFAULT_MAX_BATCH
+    threads: int = 1
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> CosyVoice2Settings:
+        from engine.config import EngineSettings
+
+        directory = env.get("COSYVOICE2_MODEL_DIR", "")
+        if not directory:
+            raise ConfigError(
+                "ENGINE_BACKEND=cosyvoice2 needs COSYVOICE2_MODEL_DIR (a local model directory)"
+            )
+        engine = EngineSettings.from_env(env)
+        max_batch = engine.max_batch if "ENGINE_MAX_BATCH" in env else DEFAULT_MAX_BATCH
+        return cls(
+            model_dir=Path(directory),
+            device=engine.device,
+            dtype=env.get("COSYVOICE2_DTYPE", ""),
+            max_batch=max_batch,
+            threads=engine.workers,
+        )
+
+    def torch_device(self) -> torch.device:
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"ENGINE_DEVICE must be cpu, cuda or cuda:N, not {self.device!r}")
+        device = torch.device(self.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"ENGINE_DEVICE={self.device} but torch sees no CUDA device")
+        return device
+
+    def torch_dtype(self, device: torch.device) -> torch.dtype:
+        name = self.dtype or ("float16" if device.type == "cuda" else "float32")
+        if name not in DTYPES:
+            raise ConfigError(f"COSYVOICE2_DTYPE must be one of {', '.join(DTYPES)}, not {name!r}")
+        if device.type == "cpu" and name != "float32":
+            raise ConfigError("COSYVOICE2_DTYPE other than float32 needs a CUDA device")
+        return DTYPES[name]
+
+
+@dataclass(frozen=True)
+class CosyVoice2Voice:
+    """A stream's voice: its features, the key its seeds derive from, an instruction."""
+
+    features: VoiceFeatures
+    key: str
+    speed: float = 1.0
+    instruct: str | None = None
+
+
+@dataclass
+class _Stream:
+    """One job of a batch while it runs."""
+
+    index: int
+    job: SynthesisJob
+    voice: CosyVoice2Voice
+    llm: LlmState
+    stream_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    hops: Iterator[int] | None = None
+    next_hop: int = 0
+    offset: int = 0
+    chunks: int = 0
+    finished: bool = False
+
+
+def _speaker_voice_id(speaker: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", speaker.lower()).strip("-") or "speaker"
+    return f"{BASE_VOICE}-{slug}"
+
+
+class CosyVoice2Backend:
+    """See the module docstring."""
+
+    name = "cosyvoice2"
+    max_text_chars = MAX_TEXT_CHARS
+    times_words = False
+
+    def __init__(self, settings: CosyVoice2Settings) -> None:
+        upstream.require()
+        device = settings.torch_device()
+        self.model = model_dir.load(settings.model_dir, device, settings.torch_dtype(device))
+        self.version = self.model.version
+        self.native_sample_rate = self.model.sample_rate
+        self.max_batch = max(1, settings.max_batch)
+        self.threads = max(1, settings.threads)
+        self.front_end = FrontEnd(settings.model_dir, self.model.tokenizer, self.version)
+        self.decoder = Decoder(self.model)
+        self.vocoder = Vocoder(self.model)
+        self._voices: dict[str, VoiceFeatures] = {BASE_VOICE: self._unprompted()}
+        self._infos = [
+            VoiceInfo(
+                id=BASE_VOICE,
+                language=LANGUAGE,
+                name="CosyVoice2 (no reference)",
+                backend=self.name,
+            )
+        ]
+        for speaker, entry in self.model.speakers.items():
+            voice_id = _speaker_voice_id(speaker)
+            self._voices[voice_id] = VoiceFeatures.from_spk2info(entry, self.version)
+            self._infos.append(
+                VoiceInfo(
+                    id=voice_id, language=LANGUAGE, name=f"CosyVoice2 {speaker}", backend=self.name
+                )
+            )
+        self._lock = threading.Lock()
+        log.info(
+            "cosyvoice2: loaded %s (%s, %s) version %s, %d voices",
+            settings.model_dir, device, self.model.dtype, self.version, len(self._voices),
+        )  # fmt: skip
+
+    def _unprompted(self) -> VoiceFeatures:
+        return VoiceFeatures(
+            prompt_text=torch.zeros(1, 0, dtype=torch.int32),
+            speech_token=torch.zeros(1, 0, dtype=torch.int32),
+            speech_feat=torch.zeros(1, 0, 80),
+            embedding=torch.zeros(1, EMBEDDING_DIM),
+            model_version=self.version,
+        )
+
+    # -- Backend -------------------------------------------------------------------------
+
+    def voices(self) -> Sequence[VoiceInfo]:
+        return list(self._infos)
+
+    def resolve_voice(self, settings: VoiceSettings) -> CosyVoice2Voice:
+        features = self._voices.get(settings.voice_id)
+        if features is None:
+            raise UnknownVoice(settings.voice_id)
+        if settings.speed != 1.0:
+            # Upstream changes speed by stretching the whole utterance's mel: not streamable.
+            raise BackendError("invalid_speed", "CosyVoice2 streams at speed 1.0 only")
+        key = settings.voice_id
+        if settings.profile is not None:
+            try:
+                features = decode(settings.profile, self.version)
+            except VoiceFeatureError as exc:
+                raise BackendError("invalid_voice_profile", str(exc)) from exc
+            key = "profile:" + hashlib.blake2b(settings.profile, digest_size=12).hexdigest()
+        return CosyVoice2Voice(features=features, key=key)
+
+    def voice_sample_rate(self, voice: object) -> int:
+        return self.native_sample_rate
+
+    def batch_key(self, voice: object) -> object:
+        return self.name  # one model: every stream batches with every other
+
+    def synthesize(self, text: str, voice: object, emit: EmitFn) -> None:
+        self.synthesize_batch([SynthesisJob(text, voice, leading=True)], lambda _i, pcm: emit(pcm))
+
+    def close(self) -> None:
+        self._voices.clear()
+
+    # -- VoicePreparer --------------------------------------------------------------------
+
+    def prepare_voice(
+        self, pcm16k: bytes, language: str | None, transcript: str | None = None
+    ) -> bytes:
+        """Features of a reference recording and its transcript (required: CosyVoice2
+        conditions on what the reference says)."""
+        if not transcript or not transcript.strip():
+            raise BackendError(
+                "transcript_required", "CosyVoice2 voices need the reference's transcript"
+            )
+        if len(transcript) > MAX_TEXT_CHARS:
+            raise BackendError("text_too_long", f"transcript over {MAX_TEXT_CHARS} chars")
+        pcm = np.frombuffer(pcm16k, dtype="<i2")
+        try:
+            return encode(self.front_end.prepare(pcm, transcript.strip()))
+        except VoiceFeatureError as exc:
+            raise BackendError("invalid_audio", str(exc)) from exc
+
+    # -- BatchSynthesizer -----------------------------------------------------------------
+
+    def _open(self, index: int, job: SynthesisJob) -> _Stream:
+        voice = job.voice
+        assert isinstance(voice, CosyVoice2Voice)
+        if len(job.text) > self.max_text_chars:
+            raise BackendError("text_too_long", f"segment over {self.max_text_chars} chars")
+        features = voice.features
+        if voice.instruct:
+            # instruct2: the instruction replaces the reference transcript and the LLM
+            # hears no reference speech; the flow model keeps the voice.
+            prompt = self.front_end.text_tokens(voice.instruct + ENDOFPROMPT)
+            features = VoiceFeatures(
+                prompt,
+                features.speech_token,
+                features.speech_feat,
+                features.embedding,
+                features.model_version,
+            )
+        text = self.front_end.text_tokens(job.text)
+        seed = segment_seed(job.text, f"{voice.key}\x00{voice.instruct or ''}")
+        state = self.decoder.start(text, features, seed, with_prompt_speech=not voice.instruct)
+        stream = _Stream(
+            index, job, CosyVoice2Voice(features, voice.key, voice.speed, voice.instruct), state
+        )
+        stream.hops = HopSchedule(chunk=self.vocoder.chunk).hops(features.speech_token.shape[1])
+        stream.next_hop = next(stream.hops)
+        self.vocoder.open(stream.stream_id)
+        return stream
+
+    def synthesize_batch(self, jobs: Sequence[SynthesisJob], emit: BatchEmit) -> None:
+        streams: list[_Stream] = []
+        try:
+            for index, job in enumerate(jobs):
+                streams.append(self._open(index, job))
+            self._run(streams, emit)
+        except StreamError as exc:
+            raise BackendError("backend_error", str(exc)) from exc
+        except torch.cuda.OutOfMemoryError as exc:
+            raise BackendError("cuda_oom", "the GPU ran out of memory for this batch") from exc
+        finally:
+            for stream in streams:
+                self.vocoder.close(stream.stream_id)
+
+    def _run(self, streams: list[_Stream], emit: BatchEmit) -> None:
+        lookahead = self.vocoder.lookahead
+        while True:
+            live = [s for s in streams if not s.finished]
+            if not live:
+                return
+            decoding = [s.llm for s in live if not s.llm.done]
+            if decoding:
+                self.decoder.step(decoding)
+            # Streams still waiting for their first audio go first.
+            for stream in sorted(live, key=lambda s: s.chunks > 0):
+                while (
+                    not stream.finished
+                    and len(stream.llm.tokens) - stream.offset >= stream.next_hop + lookahead
+                ):
+                    end = stream.offset + stream.next_hop + lookahead
+                    pcm = self.vocoder.chunk_audio(
+                        stream.stream_id,
+                        stream.llm.tokens[:end],
+                        stream.voice.features,
+                        stream.offset,
+                        final=False,
+                    )
+                    stream.offset += stream.next_hop
+                    stream.next_hop = next(stream.hops) if stream.hops else stream.next_hop
+                    self._emit(stream, pcm, emit)
+                if not stream.finished and stream.llm.done:
+                    pcm = self.vocoder.chunk_audio(
+                        stream.stream_id,
+                        stream.llm.tokens,
+                        stream.voice.features,
+                        stream.offset,
+                        final=True,
+                    )
+                    self._emit(stream, pcm, emit)
+                    stream.finished = True
+                    self.vocoder.close(stream.stream_id)
+
+    def _emit(self, stream: _Stream, pcm: np.ndarray, emit: BatchEmit) -> None:
+        stream.chunks += 1
+        if pcm.size and not emit(stream.index, pcm):
+            stream.finished = True  # cancelled: stop decoding it, free its caches now
+            stream.llm.done = True
+            stream.llm.cache = None
+            self.vocoder.close(stream.stream_id)
+
+
+def register() -> None:
+    def create() -> CosyVoice2Backend:
+        return CosyVoice2Backend(CosyVoice2Settings.from_env(os.environ))
+
+    register_backend("cosyvoice2", create)

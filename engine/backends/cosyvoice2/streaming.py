@@ -1,0 +1,299 @@
+"""Many CosyVoice2 streams at once, each with its own state.
+
+Upstream's ``CosyVoice2Model.tts`` runs one request per thread: its LLM decodes one token
+per forward pass, its streaming hop lives on the shared model object (so concurrent
+requests change each other's chunk sizes, upstream bug 1), sampling draws from the global
+generator (bug 4). Here every stream owns:
+
+- its LLM state (:class:`LlmState`): the KV cache, the tokens so far, min/max length, the
+  last tokens for repetition-aware sampling, and a ``torch.Generator`` seeded from the
+  segment, so a segment's tokens do not depend on what else runs;
+- its hop schedule (:class:`HopSchedule`): a short first chunk, then longer ones, always
+  ending on the flow model's 25-token chunk boundaries (its attention is chunk-causal, so
+  audio cut elsewhere would change when later tokens arrive);
+- its vocoder cache (upstream's ``token2wav`` keyed by the stream's id: the last mel
+  frames and source samples, and the 160 ms held back for the cross-fade into the next
+  chunk, which is what keeps chunk joins click-free).
+
+:func:`decode_step` advances every given stream by one token in one forward pass of the
+Qwen2 body: new streams are prefilled alone (their prompts differ in length), streams
+already decoding are batched, their caches left-padded to the longest with the padding
+masked and each stream's own positions passed, then split back. Copying the caches in and
+out costs O(total cache) per step: right for the CPU and for tens of streams; a paged
+cache (vLLM's) is what removes that copy at hundreds of streams on a GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from engine.backends.cosyvoice2.model_dir import LoadedModel, SamplingParams
+from engine.backends.cosyvoice2.voice import VoiceFeatures
+
+MIN_TOKEN_TEXT_RATIO: Final = 2.0  # upstream's min_token_text_ratio
+MAX_TOKEN_TEXT_RATIO: Final = 20.0  # upstream's max_token_text_ratio
+MAX_EOS_RETRIES: Final = 100  # upstream's max_trials when EOS is not allowed yet
+ENDOFPROMPT: Final = "<|endofprompt|>"
+
+
+class StreamError(RuntimeError):
+    """A stream cannot go on (sampling could not avoid EOS, for one)."""
+
+
+@dataclass
+class HopSchedule:
+    """One stream's chunk sizes, in speech tokens (25 per second of audio).
+
+    The first hop ends on the first chunk boundary at least ``min_first`` tokens after the
+    prompt (so 8 to 32 tokens, 0.3-1.3 s, where upstream waits 25 to 49); later hops are
+    ``growth`` chunks each, the last value repeating."""
+
+    chunk: int = 25
+    min_first: int = 8
+    growth: tuple[int, ...] = (1, 2, 4)
+
+    def hops(self, prompt_tokens: int) -> Iterator[int]:
+        first = (-prompt_tokens) % self.chunk
+        if first < self.min_first:
+            first += self.chunk
+        yield first
+        for multiple in itertools.chain(self.growth, itertools.repeat(self.growth[-1])):
+            yield multiple * self.chunk
+
+
+@dataclass
+class LlmState:
+    """One stream's autoregressive decoding state."""
+
+    lm_input: torch.Tensor  # the next input embeddings: [1, L, H] (prefill), then [1, 1, H]
+    min_len: int
+    max_len: int
+    generator: torch.Generator
+    cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    length: int = 0  # positions in the cache
+    tokens: list[int] = field(default_factory=list)
+    steps: int = 0
+    done: bool = False
+
+
+def segment_seed(text: str, voice_key: str) -> int:
+    """A stream's sampling seed: the same segment in the same voice gives the same
+    speech tokens, whatever else the engine runs."""
+    digest = hashlib.blake2b(f"{voice_key}\x00{text}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def ras_sample(
+    logp: torch.Tensor, recent: Sequence[int], params: SamplingParams, generator: torch.Generator
+) -> int:
+    """Repetition-aware sampling (upstream's ``ras_sampling``) from ``generator``: nucleus
+    sampling over the top-p / top-k set; if the pick already fills ``win_size * tau_r`` of
+    the last ``win_size`` tokens, a fresh pick from the whole distribution."""
+    probs = logp.float().softmax(dim=0)
+    sorted_probs, order = probs.sort(descending=True, stable=True)
+    before = torch.cumsum(sorted_probs, 0) - sorted_probs
+    keep = (before < params.top_p) & (torch.arange(len(sorted_probs)) < params.top_k)
+    kept = sorted_probs[keep]
+    pick = int(order[keep][torch.multinomial(kept, 1, generator=generator)].item())
+    window = list(recent[-params.win_size :])
+    if window.count(pick) >= params.win_size * params.tau_r:
+        pick = int(torch.multinomial(probs, 1, generator=generator).item())
+    return pick
+
+
+class Decoder:
+    """Runs LLM decode steps for many streams (:func:`decode_step` on one model)."""
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+        self._body = model.llm.llm.model.model  # the Qwen2 body (no text-vocab head)
+        names = inspect.signature(self._body.forward).parameters
+        self._cache_arg = "cache" if "cache" in names else "past_key_values"
+        self._config = model.llm.llm.model.config
+        self.eos = model.speech_token_size
+
+    def start(
+        self,
+        text_tokens: torch.Tensor,
+        voice: VoiceFeatures,
+        seed: int,
+        *,
+        with_prompt_speech: bool = True,
+    ) -> LlmState:
+        """A stream's state for ``text_tokens`` ([1, T]) spoken like ``voice``; its prompt
+        is ``[sos, prompt_text + text, task_id, prompt_speech]`` as in upstream."""
+        llm = self.model.llm
+        device = self.model.device
+        text = torch.cat([voice.prompt_text, text_tokens], dim=1).to(device)
+        embedded = llm.llm.model.model.embed_tokens(text)
+        sos = llm.llm_embedding.weight[llm.sos_eos].reshape(1, 1, -1)
+        task = llm.llm_embedding.weight[llm.task_id].reshape(1, 1, -1)
+        if with_prompt_speech and voice.speech_token.shape[1]:
+            speech = llm.speech_embedding(voice.speech_token.to(device))
+        else:
+            speech = embedded.new_zeros(1, 0, embedded.shape[-1])
+        text_len = text_tokens.shape[1]
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        return LlmState(
+            lm_input=torch.cat([sos, embedded, task, speech], dim=1),
+            min_len=int(text_len * MIN_TOKEN_TEXT_RATIO),
+            max_len=max(1, int(text_len * MAX_TOKEN_TEXT_RATIO)),
+            generator=generator,
+        )
+
+    def _forward(
+        self, embeds: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> Any:
+        from transformers import DynamicCache
+
+        past = (
+            DynamicCache(ddp_cache_data=cache, config=self._config)
+            if cache
+            else DynamicCache(config=self._config)
+        )
+        return self._body(
+            inputs_embeds=embeds,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_arg: past},
+        )
+
+    @staticmethod
+    def _layers(output: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        cache = getattr(output, "cache", None) or output.past_key_values
+        return [(layer.keys, layer.values) for layer in cache.layers]
+
+    @torch.inference_mode()
+    def step(self, states: Sequence[LlmState]) -> None:
+        """One token for each state that is not done (see the module docstring)."""
+        hidden: list[tuple[LlmState, torch.Tensor]] = []
+        decoding = [s for s in states if not s.done and s.cache is not None]
+        for state in (s for s in states if not s.done and s.cache is None):
+            length = state.lm_input.shape[1]
+            out = self._forward(
+                state.lm_input,
+                torch.ones(1, length, dtype=torch.long, device=state.lm_input.device),
+                torch.arange(length, device=state.lm_input.device)[None, :],
+                None,
+            )
+            state.cache, state.length = self._layers(out), length
+            hidden.append((state, out.last_hidden_state[0, -1]))
+        if decoding:
+            hidden.extend(zip(decoding, self._decode_batch(decoding), strict=True))
+        for state, h in hidden:
+            self._sample(state, h)
+
+    def _decode_batch(self, states: Sequence[LlmState]) -> list[torch.Tensor]:
+        longest = max(s.length for s in states)
+        device = states[0].lm_input.device
+        layers = len(states[0].cache or [])
+        batched: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for layer in range(layers):
+            keys, values = [], []
+            for state in states:
+                k, v = (state.cache or [])[layer]
+                pad = longest - state.length
+                keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+                values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
+            batched.append((torch.cat(keys), torch.cat(values)))
+        mask = torch.zeros(len(states), longest + 1, dtype=torch.long, device=device)
+        for row, state in enumerate(states):
+            mask[row, longest - state.length :] = 1
+        positions = torch.tensor([[s.length] for s in states], device=device)
+        out = self._forward(torch.cat([s.lm_input for s in states]), mask, positions, batched)
+        new_layers = self._layers(out)
+        for row, state in enumerate(states):
+            keep = state.length + 1
+            state.cache = [
+                (k[row : row + 1, :, -keep:].contiguous(), v[row : row + 1, :, -keep:].contiguous())
+                for k, v in new_layers
+            ]
+            state.length = keep
+        return [out.last_hidden_state[row, -1] for row in range(len(states))]
+
+    def _sample(self, state: LlmState, hidden: torch.Tensor) -> None:
+        llm = self.model.llm
+        logp = llm.llm_decoder(hidden[None, :]).log_softmax(dim=-1)[0].cpu()
+        ignore_eos = state.steps < state.min_len
+        for _ in range(MAX_EOS_RETRIES):
+            token = ras_sample(logp, state.tokens, self.model.sampling, state.generator)
+            if not (ignore_eos and token == self.eos):
+                break
+        else:
+            raise StreamError("sampling kept choosing EOS before the minimum length")
+        state.steps += 1
+        if token == self.eos:
+            state.done = True
+            return
+        if token < self.eos:  # ids above EOS (fill tokens) are skipped, as upstream does
+            state.tokens.append(token)
+            state.lm_input = llm.speech_embedding.weight[token].reshape(1, 1, -1)
+        if state.steps >= state.max_len:
+            state.done = True
+
+
+def to_pcm16(speech: torch.Tensor) -> npt.NDArray[np.int16]:
+    """Upstream's float speech ([1, n], within ±0.99) as int16."""
+    samples = speech.detach().float().cpu().numpy().reshape(-1)
+    return np.clip(np.round(samples * 32767.0), -32768, 32767).astype(np.int16)
+
+
+class Vocoder:
+    """Tokens to audio per stream: upstream's ``CosyVoice2Model.token2wav`` (flow on every
+    token so far plus the prompt, the vocoder with the stream's own cache), each stream
+    under its own id."""
+
+    def __init__(self, model: LoadedModel) -> None:
+        from cosyvoice.cli.model import CosyVoice2Model
+
+        self.model = model
+        self._upstream = CosyVoice2Model(
+            model.llm, model.flow, model.hift, fp16=model.dtype == torch.float16
+        )
+        self._upstream.device = model.device
+        self._lock = threading.Lock()
+        self.lookahead = int(model.flow.pre_lookahead_len)
+        self.chunk = int(model.flow.input_frame_rate)
+
+    def open(self, stream_id: str) -> None:
+        with self._lock:
+            self._upstream.hift_cache_dict[stream_id] = None
+
+    def close(self, stream_id: str) -> None:
+        with self._lock:
+            self._upstream.hift_cache_dict.pop(stream_id, None)
+
+    @torch.inference_mode()
+    def chunk_audio(
+        self,
+        stream_id: str,
+        tokens: Sequence[int],
+        voice: VoiceFeatures,
+        offset: int,
+        *,
+        final: bool,
+    ) -> npt.NDArray[np.int16]:
+        """Audio for tokens from ``offset`` on (all of ``tokens`` is context; the last
+        ``lookahead`` only look ahead unless ``final``)."""
+        speech = self._upstream.token2wav(
+            token=torch.tensor([list(tokens)], dtype=torch.int32),
+            prompt_token=voice.speech_token,
+            prompt_feat=voice.speech_feat,
+            embedding=voice.embedding,
+            token_offset=offset,
+            uuid=stream_id,
+            stream=True,
+            finalize=final,
+        )
+        return to_pcm16(speech)

@@ -1,0 +1,239 @@
+"""The cosyvoice2 backend on a tiny model directory in the official layout: the upstream
+classes load it and run the real inference code (LLM, flow, HiFT) on the CPU."""
+
+from __future__ import annotations
+
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.backends.base import BackendError, SynthesisJob, VoiceSettings
+from engine.backends.cosyvoice2 import model_dir, upstream
+from engine.backends.cosyvoice2.backend import BASE_VOICE, CosyVoice2Backend
+from engine.backends.cosyvoice2.streaming import HopSchedule, LlmState
+from engine.backends.cosyvoice2.voice import VoiceFeatureError, decode, encode
+from tests.engine.cosyvoice2.tiny_model import reference_audio
+
+SAMPLES_PER_TOKEN = 960  # 24 kHz, 25 tokens a second
+HELD_BACK = 3840  # upstream's vocoder cross-fade: 160 ms held until the next chunk
+TEXT = "Hi there."
+
+
+def reference_pcm(seconds: float = 3.0, pitch_hz: float = 140.0) -> bytes:
+    audio = reference_audio(seconds, pitch_hz=pitch_hz).numpy()
+    return (audio * 32767).astype("<i2").tobytes()
+
+
+def run_batch(
+    backend: CosyVoice2Backend, jobs: list[SynthesisJob], stop_after: dict[int, int] | None = None
+) -> dict[int, list[np.ndarray]]:
+    chunks: dict[int, list[np.ndarray]] = defaultdict(list)
+
+    def emit(index: int, pcm: np.ndarray) -> bool:
+        chunks[index].append(pcm)
+        return stop_after is None or len(chunks[index]) < stop_after.get(index, 10**9)
+
+    backend.synthesize_batch(jobs, emit)
+    return chunks
+
+
+def rms_dbfs(pcm: np.ndarray) -> float:
+    return float(20 * np.log10(np.sqrt(np.mean((pcm.astype(np.float64) / 32768) ** 2)) + 1e-12))
+
+
+def test_layout_is_checked_and_only_the_model_sections_are_built(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    with pytest.raises(model_dir.ModelDirError, match=r"missing .*llm\.pt"):
+        shutil.copy(tiny_model_dir / "cosyvoice2.yaml", tmp_path / "cosyvoice2.yaml")
+        model_dir.check_layout(tmp_path)
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "cosyvoice.yaml").write_text("x: 1\n")
+    with pytest.raises(model_dir.ModelDirError, match="CosyVoice 1"):
+        model_dir.check_layout(legacy)
+    kept = model_dir.inference_yaml((tiny_model_dir / "cosyvoice2.yaml").read_text())
+    assert "llm: !new:cosyvoice.llm.llm.Qwen2LM" in kept
+    assert "hift: !new:" in kept and "flow: !new:" in kept
+    top_level = {line.split(":")[0] for line in kept.splitlines() if line and not line[0].isspace()}
+    assert {"llm", "flow", "hift", "sample_rate"} <= top_level
+    assert not top_level & {"hifigan", "get_tokenizer", "train_conf", "__set_seed1"}
+    assert "MultipleDiscriminator" not in kept
+    assert "sample_rate: 24000" in kept
+
+
+def test_the_version_follows_the_model_files(tmp_path: Path, tiny_model_dir: Path) -> None:
+    copy = tmp_path / "model"
+    copy.mkdir()
+    for entry in tiny_model_dir.iterdir():
+        (copy / entry.name).symlink_to(entry)
+    before = model_dir.model_version(copy)
+    assert before == model_dir.model_version(tiny_model_dir)
+    (copy / "campplus.onnx").unlink()
+    data = bytearray((tiny_model_dir / "campplus.onnx").read_bytes())
+    data[-1] ^= 0xFF
+    (copy / "campplus.onnx").write_bytes(bytes(data))
+    assert model_dir.model_version(copy) != before
+
+
+def test_stand_ins_lend_names_but_refuse_use() -> None:
+    upstream.require()
+    import torchaudio  # the stand-in: the real one does not load against this torch
+
+    if not isinstance(torchaudio, upstream._StandInModule):
+        pytest.skip("a working torchaudio is installed; no stand-in registered")
+    with pytest.raises(upstream.StandInTouched):
+        torchaudio.load("x.wav")
+    from torchaudio.compliance import kaldi
+
+    with pytest.raises(upstream.StandInTouched):
+        kaldi.fbank(torch.zeros(1, 400))
+
+
+def test_missing_packages_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = upstream._importable
+    monkeypatch.setattr(upstream, "_importable", lambda name: name != "diffusers" and real(name))
+    with pytest.raises(upstream.UpstreamUnavailable, match="diffusers"):
+        upstream.require()
+
+
+def test_hops_start_short_end_on_chunk_boundaries_and_grow() -> None:
+    schedule = HopSchedule(chunk=25, min_first=8)
+    hops = schedule.hops(prompt_tokens=60)
+    taken = [next(hops) for _ in range(5)]
+    assert taken == [15, 25, 50, 100, 100]
+    assert (60 + taken[0]) % 25 == 0
+    short = HopSchedule(chunk=25, min_first=8).hops(prompt_tokens=70)
+    assert next(short) == 30  # 5 would be under min_first: one chunk more
+
+
+def test_speech_comes_in_chunks_of_the_stream_s_hops(cosyvoice2: CosyVoice2Backend) -> None:
+    voice = cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE))
+    chunks = run_batch(cosyvoice2, [SynthesisJob(TEXT, voice, leading=True)])[0]
+    sizes = [len(c) for c in chunks]
+    # No reference: the first hop is one chunk of 25 tokens, then 25, 50, 100, ...
+    assert sizes[0] == 25 * SAMPLES_PER_TOKEN - HELD_BACK
+    if len(sizes) > 2:
+        assert sizes[1] == 25 * SAMPLES_PER_TOKEN
+    audio = np.concatenate(chunks)
+    assert len(audio) % SAMPLES_PER_TOKEN == 0
+    assert -40 < rms_dbfs(audio) < -3
+
+
+def test_chunk_joins_are_click_free(cosyvoice2: CosyVoice2Backend) -> None:
+    voice = cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE))
+    chunks = run_batch(cosyvoice2, [SynthesisJob("Thank you for calling.", voice)])[0]
+    assert len(chunks) >= 3
+    audio = np.concatenate(chunks).astype(np.float64)
+    steps = np.abs(np.diff(audio))
+    joins = np.cumsum([len(c) for c in chunks[:-1]])
+    typical = np.percentile(steps, 99.9)
+    for join in joins:
+        assert steps[join - 1] <= typical, f"a jump of {steps[join - 1]:.0f} at a chunk join"
+
+
+def decode_all(backend: CosyVoice2Backend, states: list[LlmState]) -> list[list[int]]:
+    while not all(state.done for state in states):
+        backend.decoder.step(states)
+    return [state.tokens for state in states]
+
+
+def test_a_batch_gives_each_stream_the_tokens_it_gets_alone(cosyvoice2: CosyVoice2Backend) -> None:
+    base = cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE)).features
+    blob = cosyvoice2.prepare_voice(reference_pcm(2.0), None, "This is my voice.")
+    cloned = decode(blob, cosyvoice2.version)
+    work = [
+        (TEXT, base, 1),
+        ("Press one.", cloned, 2),
+        ("Goodbye!", base, 3),
+        ("Thank you.", cloned, 4),
+    ]
+
+    def states() -> list[LlmState]:
+        return [
+            cosyvoice2.decoder.start(cosyvoice2.front_end.text_tokens(text), voice, seed)
+            for text, voice, seed in work
+        ]
+
+    together = decode_all(cosyvoice2, states())
+    alone = [decode_all(cosyvoice2, [state])[0] for state in states()]
+    assert together == alone
+    assert len({len(tokens) for tokens in together}) > 1  # ragged: streams end apart
+    # Through the backend: a batch's streams get the chunks they get alone (the
+    # vocoder's excitation noise comes from torch's global generator, as upstream's
+    # does, so samples differ by that noise; sizes follow the tokens exactly).
+    voice = cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE))
+    jobs = [SynthesisJob(TEXT, voice), SynthesisJob("Goodbye!", voice)]
+    batch = run_batch(cosyvoice2, jobs)
+    for index, job in enumerate(jobs):
+        assert [len(c) for c in batch[index]] == [len(c) for c in run_batch(cosyvoice2, [job])[0]]
+
+
+def test_one_stream_s_hops_do_not_change_another_s(cosyvoice2: CosyVoice2Backend) -> None:
+    base = cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE))
+    blob = cosyvoice2.prepare_voice(reference_pcm(2.2), None, "Another voice.")
+    cloned = cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE, profile=blob))
+    prompt_tokens = cloned.features.speech_token.shape[1]
+    assert prompt_tokens % 25 != 0
+    chunks = run_batch(cosyvoice2, [SynthesisJob(TEXT, base), SynthesisJob(TEXT, cloned)])
+    first_hop = next(HopSchedule().hops(prompt_tokens))
+    assert len(chunks[0][0]) == 25 * SAMPLES_PER_TOKEN - HELD_BACK
+    assert len(chunks[1][0]) == first_hop * SAMPLES_PER_TOKEN - HELD_BACK
+
+
+def test_a_cancelled_stream_stops_at_once_and_frees_its_caches(
+    cosyvoice2: CosyVoice2Backend,
+) -> None:
+    voice = cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE))
+    jobs = [SynthesisJob("Please hold the line.", voice), SynthesisJob(TEXT, voice)]
+    alone = run_batch(cosyvoice2, [jobs[1]])[0]
+    chunks = run_batch(cosyvoice2, jobs, stop_after={0: 1})
+    assert len(chunks[0]) == 1
+    assert [len(c) for c in chunks[1]] == [len(c) for c in alone]
+    assert cosyvoice2.vocoder._upstream.hift_cache_dict == {}
+
+
+def test_a_registered_voice_is_prepared_once_and_reused(cosyvoice2: CosyVoice2Backend) -> None:
+    with pytest.raises(BackendError) as missing:
+        cosyvoice2.prepare_voice(reference_pcm(), None, None)
+    assert missing.value.code == "transcript_required"
+    with pytest.raises(BackendError) as short:
+        cosyvoice2.prepare_voice(reference_pcm(0.2), None, "Hi.")
+    assert short.value.code == "invalid_audio"
+    blob = cosyvoice2.prepare_voice(reference_pcm(), None, "Hello, this is my voice.")
+    features = decode(blob, cosyvoice2.version)
+    assert features.speech_token.shape[1] == 75  # 3 s at 25 Hz
+    assert features.speech_feat.shape == (1, 150, 80)
+    assert features.embedding.shape == (1, 192)
+    assert (
+        decode(encode(features), cosyvoice2.version).prompt_text.tolist()
+        == features.prompt_text.tolist()
+    )
+    with pytest.raises(VoiceFeatureError, match="made by"):
+        decode(blob, "cosyvoice2-another-model")
+    with pytest.raises(BackendError) as stale:
+        cosyvoice2.resolve_voice(
+            VoiceSettings(
+                BASE_VOICE, profile=blob.replace(cosyvoice2.version.encode(), b"cosyvoice2-old")
+            )
+        )
+    assert stale.value.code == "invalid_voice_profile"
+    voice = cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE, profile=blob))
+    chunks = run_batch(cosyvoice2, [SynthesisJob(TEXT, voice)])[0]
+    assert len(chunks[0]) == 25 * SAMPLES_PER_TOKEN - HELD_BACK  # 75 prompt tokens: one chunk
+    assert rms_dbfs(np.concatenate(chunks)) > -40
+
+
+def test_unknown_voices_and_speeds_are_refused(cosyvoice2: CosyVoice2Backend) -> None:
+    with pytest.raises(BackendError) as unknown:
+        cosyvoice2.resolve_voice(VoiceSettings("en-us"))
+    assert unknown.value.code == "unknown_voice"
+    with pytest.raises(BackendError) as speed:
+        cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE, speed=1.5))
+    assert speed.value.code == "invalid_speed"
+    assert next(v.id for v in cosyvoice2.voices()) == BASE_VOICE
+    assert all(v.backend == "cosyvoice2" and v.language == "mul" for v in cosyvoice2.voices())
