@@ -3,8 +3,9 @@ local directory, streamed chunk by chunk, many streams batched per LLM step.
 
 Settings: ``COSYVOICE2_MODEL_DIR`` (required), ``ENGINE_DEVICE`` (``cpu``, ``cuda``,
 ``cuda:N``), ``COSYVOICE2_DTYPE`` (``float32``, ``float16``, ``bfloat16`` for the flow
-model; default float16 on a GPU, float32 on the CPU), ``ENGINE_MAX_BATCH`` (streams per
-batch, default 16 here), ``ENGINE_WORKERS`` (batches at once).
+model; default float16 on a GPU, float32 on the CPU), ``ENGINE_MAX_BATCH`` (the streams
+one decode step advances, default 16 here). ``ENGINE_WORKERS`` does not apply: torch
+runs each step on its own threads (CPU) or the device.
 
 Voices: ``cosyvoice2`` (the model with no reference: no prompt speech, a zero speaker
 embedding) and one per speaker of the directory's ``spk2info.pt``
@@ -14,15 +15,18 @@ is a profile of :class:`~engine.backends.cosyvoice2.voice.VoiceFeatures` made by
 the model directory's digest: a changed model makes stored profiles stale (they are
 refused and recomputed from the stored reference audio).
 
-``synthesize_batch`` runs its jobs as streams (:mod:`~engine.backends.cosyvoice2.streaming`):
-each LLM step advances every unfinished stream by one token; after each step, each stream
-whose next hop of tokens (plus the flow model's lookahead) is there gets that chunk's
-audio, streams still waiting for their first chunk first; a stream whose ``emit`` returns
-False (cancelled, barge-in) is dropped at once with its caches.
+``synthesize_batch`` runs its jobs as streams (:mod:`~engine.backends.cosyvoice2.streaming`)
+in the backend's :class:`~engine.backends.cosyvoice2.step_loop.StepLoop`, with the streams
+of every other call in progress: each step advances every unfinished stream by one LLM
+token; then each stream whose next hop of tokens (plus the flow model's lookahead) is
+there gets that chunk's audio, streams still waiting for their first chunk first; a
+stream whose ``emit`` returns False (cancelled, barge-in) is dropped at once with its
+caches.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -47,6 +51,7 @@ from engine.backends.base import (
     register_backend,
 )
 from engine.backends.cosyvoice2 import model_dir, upstream
+from engine.backends.cosyvoice2.step_loop import LoopStream, StepLoop
 from engine.backends.cosyvoice2.streaming import (
     ENDOFPROMPT,
     Decoder,
@@ -72,7 +77,7 @@ BASE_VOICE: Final = "cosyvoice2"
 # CosyVoice2 reads Chinese (and dialects), English, Japanese, Korean: its voices are
 # multilingual, and text is normalized as Chinese when it has Han characters, else English.
 LANGUAGE: Final = "mul"
-DEFAULT_MAX_BATCH: Final = 16
+DEFAULT_MAX_STREAMS: Final = 16
 MAX_TEXT_CHARS: Final = 400
 EMBEDDING_DIM: Final = 192
 DTYPES: Final = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -83,8 +88,7 @@ class CosyVoice2Settings:
     model_dir: Path
     device: str = "cpu"
     dtype: str = ""
-    max_batch: int = DEFAULT_MAX_BATCH
-    threads: int = 1
+    max_streams: int = DEFAULT_MAX_STREAMS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> CosyVoice2Settings:
@@ -96,13 +100,12 @@ class CosyVoice2Settings:
                 "ENGINE_BACKEND=cosyvoice2 needs COSYVOICE2_MODEL_DIR (a local model directory)"
             )
         engine = EngineSettings.from_env(env)
-        max_batch = engine.max_batch if "ENGINE_MAX_BATCH" in env else DEFAULT_MAX_BATCH
+        max_streams = engine.max_batch if "ENGINE_MAX_BATCH" in env else DEFAULT_MAX_STREAMS
         return cls(
             model_dir=Path(directory),
             device=engine.device,
             dtype=env.get("COSYVOICE2_DTYPE", ""),
-            max_batch=max_batch,
-            threads=engine.workers,
+            max_streams=max_streams,
         )
 
     def torch_device(self) -> torch.device:
@@ -132,17 +135,16 @@ class CosyVoice2Voice:
     instruct: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class _Stream:
-    """One job of a batch while it runs."""
+    """One job of a ``synthesize_batch`` call while it runs in the step loop."""
 
-    index: int
-    job: SynthesisJob
+    emit: EmitFn
     voice: CosyVoice2Voice
     llm: LlmState
+    hops: Iterator[int]
+    next_hop: int
     stream_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    hops: Iterator[int] | None = None
-    next_hop: int = 0
     offset: int = 0
     chunks: int = 0
     finished: bool = False
@@ -166,8 +168,12 @@ class CosyVoice2Backend:
         self.model = model_dir.load(settings.model_dir, device, settings.torch_dtype(device))
         self.version = self.model.version
         self.native_sample_rate = self.model.sample_rate
-        self.max_batch = max(1, settings.max_batch)
-        self.threads = max(1, settings.threads)
+        # Each scheduler call brings one segment and waits for it in the step loop, so the
+        # scheduler hands a segment over as soon as it is ready (its most urgent first)
+        # and it joins at the next step; ``threads`` calls: the loop's width.
+        self.max_batch = 1
+        self.threads = max(1, settings.max_streams)
+        self._loop = StepLoop(self._step)
         self.front_end = FrontEnd(settings.model_dir, self.model.tokenizer, self.version)
         self.decoder = Decoder(self.model)
         self.vocoder = Vocoder(self.model)
@@ -257,7 +263,7 @@ class CosyVoice2Backend:
 
     # -- BatchSynthesizer -----------------------------------------------------------------
 
-    def _open(self, index: int, job: SynthesisJob) -> _Stream:
+    def _open(self, job: SynthesisJob, emit: EmitFn) -> _Stream:
         voice = job.voice
         assert isinstance(voice, CosyVoice2Voice)
         if len(job.text) > self.max_text_chars:
@@ -277,20 +283,25 @@ class CosyVoice2Backend:
         text = self.front_end.text_tokens(job.text)
         seed = segment_seed(job.text, f"{voice.key}\x00{voice.instruct or ''}")
         state = self.decoder.start(text, features, seed, with_prompt_speech=not voice.instruct)
+        hops = HopSchedule(chunk=self.vocoder.chunk).hops(features.speech_token.shape[1])
         stream = _Stream(
-            index, job, CosyVoice2Voice(features, voice.key, voice.speed, voice.instruct), state
+            emit,
+            CosyVoice2Voice(features, voice.key, voice.speed, voice.instruct),
+            state,
+            hops,
+            next(hops),
         )
-        stream.hops = HopSchedule(chunk=self.vocoder.chunk).hops(features.speech_token.shape[1])
-        stream.next_hop = next(stream.hops)
         self.vocoder.open(stream.stream_id)
         return stream
 
     def synthesize_batch(self, jobs: Sequence[SynthesisJob], emit: BatchEmit) -> None:
+        """Run ``jobs`` in the step loop (joining streams of other calls at the next step)
+        and return when they are done or cancelled."""
         streams: list[_Stream] = []
         try:
             for index, job in enumerate(jobs):
-                streams.append(self._open(index, job))
-            self._run(streams, emit)
+                streams.append(self._open(job, functools.partial(emit, index)))
+            self._loop.run(streams)
         except StreamError as exc:
             raise BackendError("backend_error", str(exc)) from exc
         except torch.cuda.OutOfMemoryError as exc:
@@ -299,47 +310,45 @@ class CosyVoice2Backend:
             for stream in streams:
                 self.vocoder.close(stream.stream_id)
 
-    def _run(self, streams: list[_Stream], emit: BatchEmit) -> None:
+    def _step(self, streams: Sequence[LoopStream]) -> None:
+        """One step of the loop: a token for every stream still decoding, then the audio
+        of every hop that is complete, streams waiting for their first audio first."""
+        live = [s for s in streams if isinstance(s, _Stream)]
+        decoding = [s.llm for s in live if not s.llm.done]
+        if decoding:
+            self.decoder.step(decoding)
         lookahead = self.vocoder.lookahead
-        while True:
-            live = [s for s in streams if not s.finished]
-            if not live:
-                return
-            decoding = [s.llm for s in live if not s.llm.done]
-            if decoding:
-                self.decoder.step(decoding)
-            # Streams still waiting for their first audio go first.
-            for stream in sorted(live, key=lambda s: s.chunks > 0):
-                while (
-                    not stream.finished
-                    and len(stream.llm.tokens) - stream.offset >= stream.next_hop + lookahead
-                ):
-                    end = stream.offset + stream.next_hop + lookahead
-                    pcm = self.vocoder.chunk_audio(
-                        stream.stream_id,
-                        stream.llm.tokens[:end],
-                        stream.voice.features,
-                        stream.offset,
-                        final=False,
-                    )
-                    stream.offset += stream.next_hop
-                    stream.next_hop = next(stream.hops) if stream.hops else stream.next_hop
-                    self._emit(stream, pcm, emit)
-                if not stream.finished and stream.llm.done:
-                    pcm = self.vocoder.chunk_audio(
-                        stream.stream_id,
-                        stream.llm.tokens,
-                        stream.voice.features,
-                        stream.offset,
-                        final=True,
-                    )
-                    self._emit(stream, pcm, emit)
-                    stream.finished = True
-                    self.vocoder.close(stream.stream_id)
+        for stream in sorted(live, key=lambda s: s.chunks > 0):
+            while (
+                not stream.finished
+                and len(stream.llm.tokens) - stream.offset >= stream.next_hop + lookahead
+            ):
+                end = stream.offset + stream.next_hop + lookahead
+                pcm = self.vocoder.chunk_audio(
+                    stream.stream_id,
+                    stream.llm.tokens[:end],
+                    stream.voice.features,
+                    stream.offset,
+                    final=False,
+                )
+                stream.offset += stream.next_hop
+                stream.next_hop = next(stream.hops)
+                self._emit(stream, pcm)
+            if not stream.finished and stream.llm.done:
+                pcm = self.vocoder.chunk_audio(
+                    stream.stream_id,
+                    stream.llm.tokens,
+                    stream.voice.features,
+                    stream.offset,
+                    final=True,
+                )
+                self._emit(stream, pcm)
+                stream.finished = True
+                self.vocoder.close(stream.stream_id)
 
-    def _emit(self, stream: _Stream, pcm: np.ndarray, emit: BatchEmit) -> None:
+    def _emit(self, stream: _Stream, pcm: np.ndarray) -> None:
         stream.chunks += 1
-        if pcm.size and not emit(stream.index, pcm):
+        if pcm.size and not stream.emit(pcm):
             stream.finished = True  # cancelled: stop decoding it, free its caches now
             stream.llm.done = True
             stream.llm.cache = None

@@ -19,6 +19,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def cosyvoice2(tiny_model_dir: Path) -> Iterator[CosyVoice2Backend]:
-    backend = CosyVoice2Backend(CosyVoice2Settings(model_dir=tiny_model_dir, max_batch=8))
+    backend = CosyVoice2Backend(CosyVoice2Settings(model_dir=tiny_model_dir, max_streams=8))
     yield backend
     backend.close()

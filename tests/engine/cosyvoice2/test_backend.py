@@ -4,6 +4,8 @@ classes load it and run the real inference code (LLM, flow, HiFT) on the CPU."""
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.backends.base import BackendError, SynthesisJob, VoiceSettings
+from engine.backends.base import BackendError, BatchEmit, SynthesisJob, VoiceSettings
 from engine.backends.cosyvoice2 import model_dir, upstream
 from engine.backends.cosyvoice2.backend import BASE_VOICE, CosyVoice2Backend
 from engine.backends.cosyvoice2.streaming import HopSchedule, LlmState
@@ -237,3 +239,37 @@ def test_unknown_voices_and_speeds_are_refused(cosyvoice2: CosyVoice2Backend) ->
     assert speed.value.code == "invalid_speed"
     assert next(v.id for v in cosyvoice2.voices()) == BASE_VOICE
     assert all(v.backend == "cosyvoice2" and v.language == "mul" for v in cosyvoice2.voices())
+
+
+def test_a_segment_handed_over_later_joins_the_running_streams(
+    cosyvoice2: CosyVoice2Backend,
+) -> None:
+    voice = cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE))
+    events: list[tuple[str, float]] = []
+
+    def recorder(kind: str) -> BatchEmit:
+        def emit(_index: int, _pcm: np.ndarray) -> bool:
+            events.append((kind, time.monotonic()))
+            return True
+
+        return emit
+
+    long_running = threading.Thread(
+        target=cosyvoice2.synthesize_batch,
+        args=(
+            [SynthesisJob("Thank you for calling the billing department.", voice)],
+            recorder("long"),
+        ),
+    )
+    long_running.start()
+    while not events:
+        time.sleep(0.005)
+    cosyvoice2.synthesize_batch(
+        [SynthesisJob("Press one.", voice)],
+        recorder("short"),
+    )
+    long_running.join(120)
+    kinds = [kind for kind, _ in events]
+    # The short segment ran to its end while the long one was still producing audio.
+    assert "short" in kinds and kinds[-1] == "long"
+    assert cosyvoice2._loop.widest >= 2
