@@ -53,7 +53,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
 from engine.backends.base import (
@@ -115,6 +115,7 @@ class _Utterance:
     samples: int = 0
     tail_flushed: bool = False
     native_s: float = 0.0  # seconds of the backend's audio so far (word times count from 0)
+    handle: object = None  # its own voice handle (a style instruction), else the stream's
 
 
 @dataclass
@@ -168,6 +169,7 @@ class _Speak:
     text: str
     final: bool
     release: bool = False
+    instruct: str | None = None
 
 
 @dataclass(frozen=True)
@@ -354,9 +356,18 @@ class Scheduler:
         self._commands.put(_Open(stream))
 
     def speak(
-        self, slot: int, utterance: int, text: str, final: bool, release: bool = False
+        self,
+        slot: int,
+        utterance: int,
+        text: str,
+        final: bool,
+        release: bool = False,
+        *,
+        instruct: str | None = None,
     ) -> None:
-        self._commands.put(_Speak(slot, utterance, text, final, release))
+        """Text for ``utterance``; ``instruct`` (with its first text) gives the utterance
+        its own style instruction."""
+        self._commands.put(_Speak(slot, utterance, text, final, release, instruct))
 
     def cancel(self, slot: int) -> None:
         self._generations[slot] = self._generations.get(slot, 0) + 1
@@ -499,6 +510,13 @@ class Scheduler:
                 command.utterance, SegmentSplitter(language=stream.voice.language)
             )
             stream.utterances.append(utterance)
+            if command.instruct:
+                settings = replace(stream.voice.settings, instruct=command.instruct)
+                try:
+                    utterance.handle = self._backends.resolve_voice(settings).handle
+                except BackendError as exc:
+                    self._fail(stream, utterance, exc.code, exc.message)
+                    return
         utterance.chars += len(command.text)
         if utterance.chars > self._max_text_chars:
             self._fail(stream, utterance, "text_too_long", "utterance text over the limit")
@@ -613,8 +631,8 @@ class Scheduler:
                 if not candidates:
                     break
                 candidates.sort(key=self._urgency)
-                key = batch.batch_key(candidates[0].voice.handle)
-                chosen = [s for s in candidates if batch.batch_key(s.voice.handle) == key][
+                key = batch.batch_key(self._handle(candidates[0]))
+                chosen = [s for s in candidates if batch.batch_key(self._handle(s)) == key][
                     : lane.max_batch
                 ]
                 jobs = []
@@ -627,7 +645,7 @@ class Scheduler:
                             stream.generation,
                             utterance.seq,
                             utterance.segments.popleft(),
-                            stream.voice.handle,
+                            self._handle(stream),
                             stream.resampler,
                             utterance.native_s,
                             stream,
@@ -673,6 +691,13 @@ class Scheduler:
                 log.exception("backend %s failed on a batch of %d", lane.backend.name, len(jobs))
                 error = ("engine_error", "synthesis failed")
             self._commands.put(_BatchDone(batch, error, time.perf_counter() - started))
+
+    @staticmethod
+    def _handle(stream: _Stream) -> object:
+        """The voice handle of the stream's head utterance (its own, with a style
+        instruction) or the stream's."""
+        head = stream.utterances[0] if stream.utterances else None
+        return head.handle if head is not None and head.handle is not None else stream.voice.handle
 
     def _current(self, job: _Job) -> tuple[_Stream, _Utterance] | None:
         """The stream and utterance ``job`` still belongs to (None: cancelled, closed, or
@@ -742,7 +767,7 @@ class Scheduler:
 
         started = time.perf_counter()
         try:
-            stream.voice.backend.synthesize(segment, stream.voice.handle, emit)
+            stream.voice.backend.synthesize(segment, self._handle(stream), emit)
         except BackendError as exc:
             self._fail(stream, utterance, exc.code, exc.message)
         except Exception:

@@ -182,7 +182,12 @@ class _Connection(asyncio.Protocol):
             slot = self.streams.get(message.stream_id)
             if slot is not None:
                 server.scheduler.speak(
-                    slot, message.utterance, message.text, message.final, message.release
+                    slot,
+                    message.utterance,
+                    message.text,
+                    message.final,
+                    message.release,
+                    instruct=message.instruct,
                 )
         elif isinstance(message, Cancel):
             slot = self.streams.get(message.stream_id)
@@ -228,6 +233,7 @@ class _Connection(asyncio.Protocol):
                     speed=message.speed,
                     language=message.language,
                     profile=message.voice_profile,
+                    instruct=message.instruct,
                 )
             )
         except BackendError as exc:

@@ -73,6 +73,7 @@ class ErrorCode(enum.StrEnum):
     INVALID_SPEED = "invalid_speed"
     INVALID_VOICE_PROFILE = "invalid_voice_profile"
     CUDA_OOM = "cuda_oom"  # a GPU backend ran out of device memory for a batch
+    INSTRUCT_UNSUPPORTED = "instruct_unsupported"  # the voice's backend takes no instruction
     # telephony calls
     NOT_ATTACHED = "not_attached"
     UNKNOWN_CALL = "unknown_call"

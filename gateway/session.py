@@ -115,6 +115,7 @@ class StartOptions:
     #: end, at most this long, then what is complete is spoken (0: at once).
     max_buffer_delay_ms: int = DEFAULT_MAX_BUFFER_DELAY_MS
     word_timestamps: bool = False  # ``start.timestamps: "word"``: Words events
+    instruct: str | None = None  # a style instruction for the whole session (CosyVoice2)
 
 
 @dataclass
@@ -165,6 +166,9 @@ class Session:
         self._starving = False
         self._seq = itertools.count(1)
         self._auto_ids = itertools.count(1)
+        # Style instructions of utterances whose first text has not reached the engine
+        # (dropped with them: queue timeout, clear, barge-in).
+        self._instructs: dict[int, str] = {}
         self._open: _OpenUtterance | None = None
         self._release_timer: asyncio.TimerHandle | None = None  # max_buffer_delay_ms
         self._admission = UtteranceAdmission(
@@ -237,6 +241,7 @@ class Session:
                 language=options.language,
                 listener=self,
                 voice_profile=options.voice_profile,
+                instruct=options.instruct,
                 input_sample_rate=(
                     options.input_format.sample_rate if options.input_format else None
                 ),
@@ -326,8 +331,17 @@ class Session:
             raise ProtocolViolation(ErrorCode.NOT_STARTED, "send start first", CloseCode.POLICY)
         return self.stream, self.playback
 
-    def speak(self, text: str, utterance_id: str | None = None, *, flush: bool = True) -> str:
-        """Queue ``text``. Continues the open utterance when ids match (or none is given).
+    def speak(
+        self,
+        text: str,
+        utterance_id: str | None = None,
+        *,
+        flush: bool = True,
+        instruct: str | None = None,
+    ) -> str:
+        """Queue ``text``. Continues the open utterance when ids match (or none is given);
+        ``instruct`` gives a new utterance its own style instruction (ignored when the
+        text continues an open one).
 
         Returns the utterance id. Raises :class:`SessionError` (``text_too_long``,
         ``queue_full``, ``invalid_message``).
@@ -351,6 +365,8 @@ class Session:
                 )
             target = _OpenUtterance(next(self._seq), utterance_id, 0)
             self._admit(target.seq, utterance_id)
+            if instruct:
+                self._instructs[target.seq] = instruct
             playback.enqueue_utterance(target.seq, utterance_id, self._clock())
         if target.chars + len(text) > self._limits.max_text_chars:
             # What was already accepted is still spoken; the excess is refused.
@@ -382,8 +398,9 @@ class Session:
             ) from None
 
     def _to_engine(self, seq: int, text: str, final: bool, release: bool = False) -> None:
+        instruct = self._instructs.pop(seq, None)  # goes with the utterance's first text
         if self.stream is not None and self.state is not SessionState.CLOSED:
-            self.stream.speak(seq, text, final=final, release=release)
+            self.stream.speak(seq, text, final=final, release=release, instruct=instruct)
 
     def _buffer_deadline(self, seq: int) -> None:
         """Open utterance ``seq`` got text that may wait for a clause end: bound the wait
@@ -407,6 +424,7 @@ class Session:
 
     def _queue_timeout(self, seq: int, utterance_id: str) -> None:
         """Utterance ``seq`` waited too long at the admission gate: drop it."""
+        self._instructs.pop(seq, None)
         if self._open is not None and self._open.seq == seq:
             self._open = None
             self._stop_buffer_deadline()
@@ -450,6 +468,7 @@ class Session:
         seq, events = dropped
         if not in_engine:  # else the gate counts it until the engine ends it
             self._admission.close(seq)
+            self._instructs.pop(seq, None)
         elif self.stream is not None:
             # it ends after its segment in progress; a lost engine ends the session anyway
             with contextlib.suppress(EngineUnavailable):
@@ -488,6 +507,7 @@ class Session:
         self._open = None
         self._stop_buffer_deadline()
         self._admission.close_all()
+        self._instructs.clear()
         self._peer.on_interrupt()  # e.g. a telephony leg flushes its vendor's buffer first
         for event in playback.clear():
             self._peer.send_event(event)

@@ -86,6 +86,15 @@ class VoiceSettings:
     speed: float = 1.0
     language: str | None = None
     profile: bytes | None = None
+    instruct: str | None = None  # a style instruction (dialect, emotion), if any
+
+
+@runtime_checkable
+class InstructionFollower(Protocol):
+    """Backends that take a free-text style instruction (``VoiceSettings.instruct``);
+    for any other backend the routing layer refuses one with ``instruct_unsupported``."""
+
+    follows_instructions: bool
 
 
 class Backend(Protocol):

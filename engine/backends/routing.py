@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 from engine.backends.base import (
     Backend,
+    BackendError,
     GpuMemoryReporter,
+    InstructionFollower,
     UnknownVoice,
     VoicePreparer,
     VoiceSettings,
@@ -35,6 +37,7 @@ class RoutedVoice:
     handle: object
     language: str
     sample_rate: int
+    settings: VoiceSettings  # what it was resolved from (to resolve a variant of it)
 
 
 class BackendSet:
@@ -100,9 +103,14 @@ class BackendSet:
         backend = self._owner.get(settings.voice_id)
         if backend is None:
             raise UnknownVoice(settings.voice_id)
+        if settings.instruct and not isinstance(backend, InstructionFollower):
+            raise BackendError(
+                "instruct_unsupported",
+                f"voice {settings.voice_id} ({backend.name}) takes no style instruction",
+            )
         handle = backend.resolve_voice(settings)
         language = settings.language or self._languages.get(settings.voice_id) or "und"
-        return RoutedVoice(backend, handle, language, backend.voice_sample_rate(handle))
+        return RoutedVoice(backend, handle, language, backend.voice_sample_rate(handle), settings)
 
     def gpu(self) -> GpuMemoryReporter | None:
         return next((b for b in self.members if isinstance(b, GpuMemoryReporter)), None)

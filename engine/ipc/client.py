@@ -96,7 +96,15 @@ class EngineStream:
         self._cancel_waiters: list[asyncio.Future[int]] = []
         self._close_waiter: asyncio.Future[None] | None = None
 
-    def speak(self, utterance: int, text: str, *, final: bool, release: bool = False) -> None:
+    def speak(
+        self,
+        utterance: int,
+        text: str,
+        *,
+        final: bool,
+        release: bool = False,
+        instruct: str | None = None,
+    ) -> None:
         self.client.send(
             Speak(
                 stream_id=self.stream_id,
@@ -104,6 +112,7 @@ class EngineStream:
                 text=text,
                 final=final,
                 release=release,
+                instruct=instruct,
             )
         )
 
@@ -388,6 +397,7 @@ class EngineClient(asyncio.Protocol):
         language: str | None = None,
         voice_profile: bytes | None = None,
         input_sample_rate: int | None = None,
+        instruct: str | None = None,
         timeout: float = 5.0,
     ) -> EngineStream:
         """Open a stream; raises :class:`EngineRejected` or :class:`EngineUnavailable`."""
@@ -404,6 +414,7 @@ class EngineClient(asyncio.Protocol):
                     language=language,
                     voice_profile=voice_profile,
                     input_sample_rate=input_sample_rate,
+                    instruct=instruct,
                 )
             )
             opened = await asyncio.wait_for(future, timeout)

@@ -63,6 +63,9 @@ class OpenStream(Message):
     # Duplex: the gateway writes caller audio (16-bit PCM at this rate) into the slot's
     # inbound ring and the engine runs VAD on it. None: no caller audio.
     input_sample_rate: int | None = None
+    # A style instruction (dialect, emotion) for backends that follow one (CosyVoice2);
+    # others refuse the stream with ``instruct_unsupported``.
+    instruct: str | None = None
 
 
 class Speak(Message):
@@ -75,6 +78,8 @@ class Speak(Message):
     text: str
     final: bool = True
     release: bool = False
+    # With an utterance's first text only: its own style instruction (``instruct``).
+    instruct: str | None = None
 
 
 class Cancel(Message):

@@ -195,7 +195,9 @@ class NativeConnection(Connection):
                 raise SessionError(ErrorCode.CALL_NOT_ACTIVE, "the call is not active")
             raise ProtocolViolation(ErrorCode.NOT_STARTED, "send start first", CloseCode.POLICY)
         if isinstance(message, SpeakMsg):
-            session.speak(message.text, message.utterance_id, flush=message.flush)
+            session.speak(
+                message.text, message.utterance_id, flush=message.flush, instruct=message.instruct
+            )
         elif isinstance(message, FlushMsg):
             session.flush(message.utterance_id, flush_id=message.flush_id)
         elif isinstance(message, CancelMsg):

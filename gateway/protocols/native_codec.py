@@ -34,6 +34,7 @@ from gateway.formats import FORMATS, INPUT_FORMATS
 from gateway.session import DEFAULT_MAX_BUFFER_DELAY_MS, StartOptions
 
 MAX_NAME_CHARS = 256
+MAX_INSTRUCT_CHARS = 200
 MAX_BUFFER_DELAY_MS = 5000
 
 
@@ -52,12 +53,14 @@ class StartMsg(_Msg, tag="start"):
     call: str | None = None  # attach to a telephony call instead of opening a stream
     max_buffer_delay_ms: int | None = None
     timestamps: Literal["word"] | None = None
+    instruct: str | None = None  # a style instruction for backends that follow one
 
 
 class SpeakMsg(_Msg, tag="speak"):
     text: str
     utterance_id: str | None = None
     flush: bool = True
+    instruct: str | None = None  # this utterance's own style instruction (a new one only)
 
 
 class FlushMsg(_Msg, tag="flush"):
@@ -171,6 +174,11 @@ def _check_ranges(message: ClientMessage) -> None:
     flush_id = message.flush_id if isinstance(message, FlushMsg) else None
     if flush_id is not None and not 0 < len(flush_id) <= MAX_NAME_CHARS:
         raise ProtocolViolation(ErrorCode.INVALID_MESSAGE, "flush_id must be 1 to 256 characters")
+    instruct = message.instruct if isinstance(message, StartMsg | SpeakMsg) else None
+    if instruct is not None and len(instruct) > MAX_INSTRUCT_CHARS:
+        raise ProtocolViolation(
+            ErrorCode.INVALID_MESSAGE, f"instruct over {MAX_INSTRUCT_CHARS} characters"
+        )
 
 
 def encode_event(event: SessionEvent) -> str:
@@ -285,6 +293,7 @@ def start_options(message: StartMsg) -> StartOptions:
         input_format=input_fmt,
         barge_in=message.barge_in if message.barge_in is not None else input_fmt is not None,
         word_timestamps=message.timestamps == "word",
+        instruct=message.instruct or None,
         max_buffer_delay_ms=(
             message.max_buffer_delay_ms
             if message.max_buffer_delay_ms is not None

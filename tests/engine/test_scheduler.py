@@ -981,3 +981,12 @@ def test_scheduler_with_espeak(make_harness, espeak_backend: EspeakBackend):
     pcm = np.frombuffer(drain(ring), dtype="<i2")
     assert len(pcm) == end.samples
     assert np.abs(pcm).max() > 1000
+
+
+def test_an_utterance_s_instruction_is_refused_by_a_backend_that_takes_none(harness):
+    harness.open(0, stream_id=6)
+    harness.scheduler.speak(0, 1, "Hello.", True, instruct="用粤语说这句话")
+    failed = harness.events.wait(UtteranceFailed, 6, 1).message
+    assert isinstance(failed, UtteranceFailed) and failed.code == "instruct_unsupported"
+    harness.scheduler.speak(0, 2, "Hello.", True)  # the stream goes on
+    assert isinstance(harness.events.wait(UtteranceEnd, 6, 2).message, UtteranceEnd)

@@ -16,7 +16,15 @@ class FakeStream:
         self.boundaries = SpscRing.create(bytearray(SpscRing.region_size(4096)), 4096)
         self.closed = 0
 
-    def speak(self, utterance: int, text: str, *, final: bool, release: bool = False) -> None:
+    def speak(
+        self,
+        utterance: int,
+        text: str,
+        *,
+        final: bool,
+        release: bool = False,
+        instruct: str | None = None,
+    ) -> None:
         pass
 
     def cancel_utterance(self, utterance: int) -> None:

@@ -92,14 +92,24 @@ class FakeStream:
         self.outbound = SpscRing.create(bytearray(SpscRing.region_size(capacity)), capacity)
         self.boundaries = SpscRing.create(bytearray(SpscRing.region_size(4096)), 4096)
         self.speaks: list[tuple[int, str, bool]] = []
+        self.instructs: list[str | None] = []
         self.cancel_gate: asyncio.Event | None = None
         self.cancel_error: Exception | None = None
         self.cancels = 0
         self.closed = 0
         self._answers: set[asyncio.Task[None]] = set()
 
-    def speak(self, utterance: int, text: str, *, final: bool, release: bool = False) -> None:
+    def speak(
+        self,
+        utterance: int,
+        text: str,
+        *,
+        final: bool,
+        release: bool = False,
+        instruct: str | None = None,
+    ) -> None:
         self.speaks.append((utterance, text, final))
+        self.instructs.append(instruct)
 
     def cancel_utterance(self, utterance: int) -> None:
         pass
@@ -288,10 +298,20 @@ async def test_start_opens_the_stream_and_sends_ready():
             "language": "en",
             "listener": h.session,
             "voice_profile": None,
+            "instruct": None,
             "input_sample_rate": None,
         }
     ]
     assert h.peer.event_list() == [Ready(h.session.id, "mulaw_8000", 8000, 20)]
+
+
+async def test_an_utterance_s_instruction_goes_with_its_first_text_only():
+    h = make_session()
+    await h.session.start(StartOptions(voice="cosyvoice2", format=FORMATS["pcm_16000"]))
+    h.session.speak("你好，", "a", flush=False, instruct="开心")
+    h.session.speak("再见。", "a", instruct="ignored: the utterance is open")
+    h.session.speak("Next.", "b")
+    assert h.stream.instructs == ["开心", None, None]
 
 
 async def test_start_twice_is_refused():

@@ -141,3 +141,17 @@ async def test_a_registered_voice_stores_its_features_and_reuses_them(
     assert after.get(hits, 0) - before.get(hits, 0) >= 2  # no extraction at session start
     extractions = "gateway_voice_extraction_seconds_count"
     assert after.get(extractions, 0) == before.get(extractions, 0)
+
+
+async def test_instructions_in_start_and_in_speak(gateway: GatewayProcess) -> None:
+    client = await NativeClient.connect(gateway.ws_url, gateway.token())
+    try:
+        await client.start("cosyvoice2", "pcm_24000", pacing="burst", instruct="用粤语说这句话")
+        await client.send(type="speak", text="你好。", utterance_id="session-style")
+        await client.send(type="speak", text="再见。", utterance_id="own-style", instruct="开心")
+        for utterance_id in ("session-style", "own-style"):
+            done = await client.wait_event("utterance_done", timeout=60, utterance_id=utterance_id)
+            assert done["audio_ms"] >= 1000
+        assert not client.got.of_type("error")
+    finally:
+        await client.aclose()

@@ -147,3 +147,18 @@ async def test_streamed_text_waits_for_a_clause_at_most_max_buffer_delay_ms(
     await too_long.send(type="start", voice="en-us", format="mulaw_8000", max_buffer_delay_ms=9000)
     assert (await too_long.wait_event("error"))["code"] == "invalid_message"
     assert await too_long.wait_closed() == 1008
+
+
+async def test_an_instruction_to_a_voice_that_takes_none_is_refused(connect: Connect) -> None:
+    client = await connect()
+    await client.send(type="start", voice="en-us", format="pcm_16000", instruct="开心")
+    assert await client.wait_closed(10) == 1008
+    assert client.got.of_type("error")[0]["code"] == "instruct_unsupported"
+    client = await connect()
+    await client.start("en-us", "pcm_16000", pacing="burst")
+    await client.send(type="speak", text="Hello.", utterance_id="styled", instruct="开心")
+    error = await client.wait_event("error", timeout=10)
+    assert error["code"] == "instruct_unsupported" and error["utterance_id"] == "styled"
+    await client.send(type="speak", text="Hello.", utterance_id="plain")
+    done = await client.wait_event("utterance_done", timeout=10, utterance_id="plain")
+    assert done["audio_ms"] > 0

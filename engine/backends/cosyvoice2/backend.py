@@ -79,6 +79,7 @@ BASE_VOICE: Final = "cosyvoice2"
 LANGUAGE: Final = "mul"
 DEFAULT_MAX_STREAMS: Final = 16
 MAX_TEXT_CHARS: Final = 400
+MAX_INSTRUCT_CHARS: Final = 200
 EMBEDDING_DIM: Final = 192
 DTYPES: Final = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -161,6 +162,7 @@ class CosyVoice2Backend:
     name = "cosyvoice2"
     max_text_chars = MAX_TEXT_CHARS
     times_words = False
+    follows_instructions = True  # instruct2: dialect and emotion by instruction
 
     def __init__(self, settings: CosyVoice2Settings) -> None:
         upstream.require()
@@ -221,6 +223,8 @@ class CosyVoice2Backend:
         if settings.speed != 1.0:
             # Upstream changes speed by stretching the whole utterance's mel: not streamable.
             raise BackendError("invalid_speed", "CosyVoice2 streams at speed 1.0 only")
+        if settings.instruct is not None and len(settings.instruct) > MAX_INSTRUCT_CHARS:
+            raise BackendError("text_too_long", f"instruct over {MAX_INSTRUCT_CHARS} characters")
         key = settings.voice_id
         if settings.profile is not None:
             try:
@@ -228,7 +232,7 @@ class CosyVoice2Backend:
             except VoiceFeatureError as exc:
                 raise BackendError("invalid_voice_profile", str(exc)) from exc
             key = "profile:" + hashlib.blake2b(settings.profile, digest_size=12).hexdigest()
-        return CosyVoice2Voice(features=features, key=key)
+        return CosyVoice2Voice(features=features, key=key, instruct=settings.instruct or None)
 
     def voice_sample_rate(self, voice: object) -> int:
         return self.native_sample_rate

@@ -8,6 +8,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -273,3 +274,41 @@ def test_a_segment_handed_over_later_joins_the_running_streams(
     # The short segment ran to its end while the long one was still producing audio.
     assert "short" in kinds and kinds[-1] == "long"
     assert cosyvoice2._loop.widest >= 2
+
+
+def test_an_instruction_replaces_the_transcript_and_keeps_the_voice(
+    cosyvoice2: CosyVoice2Backend,
+) -> None:
+    blob = cosyvoice2.prepare_voice(reference_pcm(2.0), None, "This is my voice.")
+    plain = cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE, profile=blob))
+    styled = cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE, profile=blob, instruct="开心"))
+    assert plain.instruct is None and styled.instruct == "开心"
+    captured: dict[str, Any] = {}
+    real_start = cosyvoice2.decoder.start
+
+    def start(text, voice, seed, *, with_prompt_speech=True):
+        state = real_start(text, voice, seed, with_prompt_speech=with_prompt_speech)
+        captured["prompt_text" if with_prompt_speech else "instruct"] = state.lm_input.shape[1]
+        captured[f"voice-{with_prompt_speech}"] = voice
+        return state
+
+    cosyvoice2.decoder.start = start  # type: ignore[method-assign]
+    try:
+        chunks = {
+            name: run_batch(cosyvoice2, [SynthesisJob(TEXT, voice)])[0]
+            for name, voice in (("plain", plain), ("styled", styled))
+        }
+    finally:
+        del cosyvoice2.decoder.start
+    instructed = captured["voice-False"]
+    # instruct2: the LLM's prompt is the instruction (+ <|endofprompt|>), without the
+    # reference's speech; the flow model keeps the reference's features.
+    expected = cosyvoice2.front_end.text_tokens("开心<|endofprompt|>")
+    assert instructed.prompt_text.tolist() == expected.tolist()
+    assert torch.equal(instructed.speech_feat, plain.features.speech_feat)
+    assert torch.equal(instructed.embedding, plain.features.embedding)
+    assert captured["instruct"] < captured["prompt_text"]  # no reference speech tokens
+    assert all(rms_dbfs(np.concatenate(c)) > -40 for c in chunks.values())
+    with pytest.raises(BackendError) as long:
+        cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE, instruct="x" * 201))
+    assert long.value.code == "text_too_long"

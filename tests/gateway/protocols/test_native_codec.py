@@ -174,6 +174,9 @@ def test_missing_or_unknown_type(obj: dict[str, Any]):
         {"type": "cancel"},
         {"type": "cancel", "utterance_id": ""},
         {"type": "cancel", "utterance_id": 12},
+        {"type": "start", "voice": "v", "instruct": "x" * 201},
+        {"type": "start", "voice": "v", "instruct": 3},
+        {"type": "speak", "text": "x", "instruct": "x" * 201},
     ],
 )
 def test_invalid_message(obj: dict[str, Any]):
