@@ -674,6 +674,8 @@ class Session:
 
     def on_utterance_failed(self, event: UtteranceFailed) -> None:
         self._admission.close(event.utterance)
+        if event.code == ErrorCode.CUDA_OOM:  # a GPU batch that held this utterance failed
+            self._metrics.golden_errors.labels(type="cuda_oom").inc()
         if self.playback is not None:
             self._metrics.errors.labels(code=event.code).inc()
             self.playback.on_failed(

@@ -182,7 +182,10 @@ class VoicePreparer(Protocol):
 
 @runtime_checkable
 class GpuMemoryReporter(Protocol):
-    """Backends on a GPU also report device memory (torch.cuda.mem_get_info)."""
+    """Backends that may run on a GPU also report device memory (torch.cuda.mem_get_info)
+    while ``on_gpu``; then the engine's hard admission threshold counts that memory."""
+
+    on_gpu: bool
 
     def gpu_memory(self) -> tuple[int, int]:
         """(used bytes, total bytes) of the device the backend runs on."""

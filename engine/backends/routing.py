@@ -113,7 +113,9 @@ class BackendSet:
         return RoutedVoice(backend, handle, language, backend.voice_sample_rate(handle), settings)
 
     def gpu(self) -> GpuMemoryReporter | None:
-        return next((b for b in self.members if isinstance(b, GpuMemoryReporter)), None)
+        return next(
+            (b for b in self.members if isinstance(b, GpuMemoryReporter) and b.on_gpu), None
+        )
 
     def close(self) -> None:
         for backend in self.members:

@@ -709,6 +709,20 @@ async def test_failed_utterance_reports_error_then_done():
         UtteranceDone(uid, audio_ms=0, first_audio_ms=None),
     ]
     assert h.counter("gateway_errors_total", code="engine_error") == 1
+    assert h.counter("cosy2_tts_errors_total", type="cuda_oom") == 0
+
+
+async def test_a_gpu_out_of_memory_is_a_golden_error_and_the_session_goes_on():
+    h = await started()
+    uid = h.session.speak("Hi.")
+    h.session.on_utterance_failed(
+        UtteranceFailed(stream_id=1, utterance=h.last_seq(), code="cuda_oom", message="oom")
+    )
+    h.tick()
+    assert ErrorEvent(ErrorCode.CUDA_OOM, "oom", uid) in h.peer.event_list()
+    assert h.counter("cosy2_tts_errors_total", type="cuda_oom") == 1
+    assert h.counter("gateway_errors_total", code="cuda_oom") == 1
+    assert not h.session.done.done()
 
 
 # ----------------------------------------------------------------- speak / limits

@@ -169,6 +169,7 @@ class CosyVoice2Backend:
         device = settings.torch_device()
         self.model = model_dir.load(settings.model_dir, device, settings.torch_dtype(device))
         self.version = self.model.version
+        self.on_gpu = device.type == "cuda"
         self.native_sample_rate = self.model.sample_rate
         # Each scheduler call brings one segment and waits for it in the step loop, so the
         # scheduler hands a segment over as soon as it is ready (its most urgent first)
@@ -215,6 +216,14 @@ class CosyVoice2Backend:
 
     def voices(self) -> Sequence[VoiceInfo]:
         return list(self._infos)
+
+    def gpu_memory(self) -> tuple[int, int]:
+        """(used, total) bytes of the model's device, as the driver counts them (every
+        process's allocations, which is what can run out)."""
+        if not self.on_gpu:
+            return 0, 0
+        free, total = torch.cuda.mem_get_info(self.model.device)
+        return total - free, total
 
     def resolve_voice(self, settings: VoiceSettings) -> CosyVoice2Voice:
         features = self._voices.get(settings.voice_id)
@@ -308,8 +317,12 @@ class CosyVoice2Backend:
             self._loop.run(streams)
         except StreamError as exc:
             raise BackendError("backend_error", str(exc)) from exc
-        except torch.cuda.OutOfMemoryError as exc:
-            raise BackendError("cuda_oom", "the GPU ran out of memory for this batch") from exc
+        except torch.cuda.OutOfMemoryError:
+            # Every stream of the failed step gets this error; the engine goes on. What
+            # the failed step allocated is given back to the device for the next one.
+            if self.on_gpu:
+                torch.cuda.empty_cache()
+            raise BackendError("cuda_oom", "the GPU ran out of memory for this batch") from None
         finally:
             for stream in streams:
                 self.vocoder.close(stream.stream_id)

@@ -312,3 +312,27 @@ def test_an_instruction_replaces_the_transcript_and_keeps_the_voice(
     with pytest.raises(BackendError) as long:
         cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE, instruct="x" * 201))
     assert long.value.code == "text_too_long"
+
+
+def test_a_gpu_out_of_memory_fails_the_step_s_streams_and_the_engine_goes_on(
+    cosyvoice2: CosyVoice2Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    voice = cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE))
+    real_step = cosyvoice2.decoder.step
+    steps = {"n": 0}
+
+    def step(states: list[LlmState]) -> None:
+        steps["n"] += 1
+        if steps["n"] == 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        real_step(states)
+
+    monkeypatch.setattr(cosyvoice2.decoder, "step", step)
+    with pytest.raises(BackendError) as oom:
+        run_batch(cosyvoice2, [SynthesisJob(TEXT, voice), SynthesisJob("Goodbye!", voice)])
+    assert oom.value.code == "cuda_oom"
+    assert cosyvoice2.vocoder._upstream.hift_cache_dict == {}
+    assert cosyvoice2._loop.active_streams() == 0
+    chunks = run_batch(cosyvoice2, [SynthesisJob(TEXT, voice)])[0]  # the next batch runs
+    assert chunks and sum(len(c) for c in chunks) > 0
+    assert cosyvoice2.gpu_memory() == (0, 0) and not cosyvoice2.on_gpu  # CPU: RSS counts
