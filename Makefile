@@ -86,7 +86,9 @@ $(BENCH_STAMP): $(STAMP)
 # intelligibility of every built-in voice over the telephone, then SIP calls against Twilio legs,
 # then every telephony leg side by side (Twilio, Asterisk, jambonz, FreeSWITCH, AudioSocket, SIP),
 # then one gateway worker against two (GATEWAY_WORKERS) and the relayed attach, then a
-# reconnect storm while calls speak.
+# reconnect storm while calls speak, then the CosyVoice2 capacity cost model (tiny dimensions on
+# this CPU machine: it proves the benchmark runs; the GPU figure needs --dims official
+# --device cuda).
 bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.matrix
 	$(PY) -m tests.bench.vad_throughput
@@ -98,6 +100,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.legs
 	$(PY) -m tests.bench.scale_out
 	$(PY) -m tests.bench.storm
+	$(PY) -m tests.bench.cosyvoice2_capacity --dims tiny --levels 1 2 4 8
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache artifacts

@@ -121,6 +121,7 @@ class Decoder:
         self._cache_arg = "cache" if "cache" in names else "past_key_values"
         self._config = model.llm.llm.model.config
         self.eos = model.speech_token_size
+        self.max_token_text_ratio = MAX_TOKEN_TEXT_RATIO
 
     def start(
         self,
@@ -147,7 +148,7 @@ class Decoder:
         return LlmState(
             lm_input=torch.cat([sos, embedded, task, speech], dim=1),
             min_len=int(text_len * MIN_TOKEN_TEXT_RATIO),
-            max_len=max(1, int(text_len * MAX_TOKEN_TEXT_RATIO)),
+            max_len=max(1, int(text_len * self.max_token_text_ratio)),
             generator=generator,
         )
 

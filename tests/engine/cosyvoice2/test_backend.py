@@ -23,7 +23,9 @@ from tests.engine.cosyvoice2.tiny_model import reference_audio
 
 SAMPLES_PER_TOKEN = 960  # 24 kHz, 25 tokens a second
 HELD_BACK = 3840  # upstream's vocoder cross-fade: 160 ms held until the next chunk
-TEXT = "Hi there."
+# 20 byte tokens with the tiny tokenizer: at least 40 speech tokens (upstream's minimum of
+# two per text token), so the first 25-token chunk always comes before the final one.
+TEXT = "Hello there, caller."
 
 
 def reference_pcm(seconds: float = 3.0, pitch_hz: float = 140.0) -> bytes:

@@ -23,22 +23,59 @@ classes:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 import torch
 
-SPEECH_TOKENS: Final = 64  # the official model has 6561
-HIDDEN: Final = 32
-TEXT_VOCAB: Final = 320  # 256 byte symbols, <|endoftext|> and the tokenizer's specials
 
-YAML: Final = f"""# CosyVoice2 configuration, official structure, tiny dimensions (tests only).
+@dataclass(frozen=True)
+class ModelDims:
+    """The sizes the yaml, the Qwen2 body and the front-end models are written with."""
+
+    name: str
+    speech_tokens: int
+    hidden: int  # the Qwen2 body's width (llm_input_size, llm_output_size)
+    qwen_layers: int
+    qwen_heads: int
+    qwen_kv_heads: int
+    qwen_ffn: int
+    text_vocab: int
+    encoder_heads: int
+    encoder_ffn: int
+    encoder_blocks: int
+    estimator_channels: int
+    estimator_head_dim: int
+    estimator_blocks: int
+    estimator_mid_blocks: int
+    estimator_heads: int
+    hift_channels: int
+    hift_resblock_kernels: tuple[int, ...]
+
+
+# Tests: small enough to run on the CPU in seconds. 256 byte symbols, <|endoftext|> and
+# the tokenizer's specials fit in the text vocabulary.
+TINY: Final = ModelDims("tiny", 64, 32, 2, 2, 1, 64, 320, 2, 64, 1, 32, 16, 1, 1, 2, 16, (3,))
+# CosyVoice2-0.5B's published sizes (its cosyvoice2.yaml; the Qwen2.5-0.5B body): for the
+# capacity benchmark's cost model (random weights: the cost of the real model, not speech).
+OFFICIAL: Final = ModelDims(
+    "official", 6561, 896, 24, 14, 2, 4864, 151936, 8, 2048, 6, 256, 64, 4, 12, 8, 512, (3, 7, 11)
+)
+SPEECH_TOKENS: Final = TINY.speech_tokens
+
+
+def model_yaml(d: ModelDims) -> str:
+    """cosyvoice2.yaml in the official structure with the sizes ``d``."""
+    resblocks = ", ".join(str(k) for k in d.hift_resblock_kernels)
+    dilations = ", ".join("[1, 3, 5]" for _ in d.hift_resblock_kernels)
+    return f"""# CosyVoice2 configuration, official structure, {d.name} dimensions.
 __set_seed1: !apply:random.seed [1986]
 __set_seed3: !apply:torch.manual_seed [1986]
 
 sample_rate: 24000
-llm_input_size: {HIDDEN}
-llm_output_size: {HIDDEN}
+llm_input_size: {d.hidden}
+llm_output_size: {d.hidden}
 spk_embed_dim: 192
 qwen_pretrain_path: ''
 token_frame_rate: 25
@@ -47,7 +84,7 @@ token_mel_ratio: 2
 llm: !new:cosyvoice.llm.llm.Qwen2LM
     llm_input_size: !ref <llm_input_size>
     llm_output_size: !ref <llm_output_size>
-    speech_token_size: {SPEECH_TOKENS}
+    speech_token_size: {d.speech_tokens}
     length_normalized_loss: True
     lsm_weight: 0
     mix_ratio: [5, 15]
@@ -64,16 +101,16 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
     output_size: 80
     spk_embed_dim: !ref <spk_embed_dim>
     output_type: 'mel'
-    vocab_size: {SPEECH_TOKENS}
+    vocab_size: {d.speech_tokens}
     input_frame_rate: !ref <token_frame_rate>
     only_mask_loss: True
     token_mel_ratio: !ref <token_mel_ratio>
     pre_lookahead_len: 3
     encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
         output_size: 512  # the upstream encoder's lookahead and upsampling layers fix 512
-        attention_heads: 2
-        linear_units: 64
-        num_blocks: 1
+        attention_heads: {d.encoder_heads}
+        linear_units: {d.encoder_ffn}
+        num_blocks: {d.encoder_blocks}
         dropout_rate: 0.1
         positional_dropout_rate: 0.1
         attention_dropout_rate: 0.1
@@ -100,19 +137,19 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
         estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
             in_channels: 320
             out_channels: 80
-            channels: [32]
+            channels: [{d.estimator_channels}]
             dropout: 0.0
-            attention_head_dim: 16
-            n_blocks: 1
-            num_mid_blocks: 1
-            num_heads: 2
+            attention_head_dim: {d.estimator_head_dim}
+            n_blocks: {d.estimator_blocks}
+            num_mid_blocks: {d.estimator_mid_blocks}
+            num_heads: {d.estimator_heads}
             act_fn: 'gelu'
             static_chunk_size: !ref <token_frame_rate> * <token_mel_ratio>
             num_decoding_left_chunks: -1
 
 hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
     in_channels: 80
-    base_channels: 16
+    base_channels: {d.hift_channels}
     nb_harmonics: 8
     sampling_rate: !ref <sample_rate>
     nsf_alpha: 0.1
@@ -123,8 +160,8 @@ hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
     istft_params:
         n_fft: 16
         hop_len: 4
-    resblock_kernel_sizes: [3]
-    resblock_dilation_sizes: [[1, 3, 5]]
+    resblock_kernel_sizes: [{resblocks}]
+    resblock_dilation_sizes: [{dilations}]
     source_resblock_kernel_sizes: [7, 7, 11]
     source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
     lrelu_slope: 0.1
@@ -132,7 +169,7 @@ hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
     f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
         num_class: 1
         in_channels: 80
-        cond_channels: 16
+        cond_channels: {d.hift_channels}
 
 # The official file goes on with training sections; a loader must not build them (the
 # discriminator needs torchaudio).
@@ -153,9 +190,9 @@ train_conf:
 class TinySpeechTokenizer(torch.nn.Module):
     """[1, 128, frames] log-mel + [1] length -> [1, frames // 4] token ids."""
 
-    def __init__(self) -> None:
+    def __init__(self, speech_tokens: int) -> None:
         super().__init__()
-        self.project = torch.nn.Conv1d(128, SPEECH_TOKENS, kernel_size=4, stride=4)
+        self.project = torch.nn.Conv1d(128, speech_tokens, kernel_size=4, stride=4)
 
     def forward(self, feats: torch.Tensor, feats_length: torch.Tensor) -> torch.Tensor:
         frames = torch.arange(feats.shape[2], device=feats.device)
@@ -177,7 +214,7 @@ class TinyCampplus(torch.nn.Module):
         return embedding
 
 
-def _write_blank_en(directory: Path) -> None:
+def _write_blank_en(directory: Path, d: ModelDims) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
@@ -190,13 +227,13 @@ def _write_blank_en(directory: Path) -> None:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")  # type: ignore[no-untyped-call]
     tokenizer.save_pretrained(directory)
     config = Qwen2Config(
-        vocab_size=TEXT_VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=2048,
+        vocab_size=d.text_vocab,
+        hidden_size=d.hidden,
+        intermediate_size=d.qwen_ffn,
+        num_hidden_layers=d.qwen_layers,
+        num_attention_heads=d.qwen_heads,
+        num_key_value_heads=d.qwen_kv_heads,
+        max_position_embeddings=32768,
         tie_word_embeddings=True,
     )
     Qwen2ForCausalLM(config).save_pretrained(directory)
@@ -223,6 +260,11 @@ def reference_audio(
 
 def write_tiny_model(directory: Path) -> Path:
     """Write the tiny model directory (created) and return it."""
+    return write_model(directory, TINY)
+
+
+def write_model(directory: Path, d: ModelDims) -> Path:
+    """Write a model directory with the sizes ``d`` (created) and return it."""
     from engine.backends.cosyvoice2 import upstream
 
     upstream.require()
@@ -231,10 +273,11 @@ def write_tiny_model(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(1986)
     blank_en = directory / "CosyVoice-BlankEN"
-    _write_blank_en(blank_en)
-    (directory / "cosyvoice2.yaml").write_text(YAML)
-    model_yaml = YAML.split("\n# The official file goes on", 1)[0]
-    built = load_hyperpyyaml(model_yaml, overrides={"qwen_pretrain_path": str(blank_en)})
+    _write_blank_en(blank_en, d)
+    text = model_yaml(d)
+    (directory / "cosyvoice2.yaml").write_text(text)
+    sections = text.split("\n# The official file goes on", 1)[0]
+    built = load_hyperpyyaml(sections, overrides={"qwen_pretrain_path": str(blank_en)})
     for name in ("llm", "flow", "hift"):
         module: torch.nn.Module = built[name]
         # Random weights, but not so small that the audio is silence.
@@ -245,7 +288,7 @@ def write_tiny_model(directory: Path) -> Path:
         torch.save(module.state_dict(), directory / f"{name}.pt")
     feats = torch.randn(1, 128, 40)
     _export(
-        TinySpeechTokenizer(),
+        TinySpeechTokenizer(d.speech_tokens),
         (feats, torch.tensor([40], dtype=torch.int32)),
         directory / "speech_tokenizer_v2.onnx",
         input_names=["feats", "feats_length"],
@@ -260,7 +303,7 @@ def write_tiny_model(directory: Path) -> Path:
         output_names=["embedding"],
         dynamic_axes={"input": {1: "frames"}},
     )
-    (directory / "README.tiny.json").write_text(
-        json.dumps({"tiny": True, "speech_tokens": SPEECH_TOKENS})
+    (directory / "README.random-weights.json").write_text(
+        json.dumps({"dims": d.name, "random_weights": True, "speech_tokens": d.speech_tokens})
     )
     return directory
