@@ -76,7 +76,7 @@ test: lint
 
 BENCH_STAMP := $(VENV)/.installed-bench
 
-$(BENCH_STAMP): $(STAMP)
+$(BENCH_STAMP): $(STAMP) $(COSYVOICE2_STAMP)
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,bench]'
 	@touch $@
 
