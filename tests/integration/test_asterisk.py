@@ -8,7 +8,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -32,9 +32,22 @@ from tests.integration.telephony_peers import (
 
 PROMPT = "Thank you for calling. Your call is important to us. Please stay on the line."
 MENU = "Please listen carefully, as our menu options have changed. " * 4
-START_TIMEOUT_S = 10  # GATEWAY_START_TIMEOUT_S, default
+# GATEWAY_START_TIMEOUT_S for this module's gateway: short, so that the tests that wait it
+# out (a leg that never starts, an application that stays quiet) take seconds, not tens.
+START_TIMEOUT_S = 3
 
 AsteriskConnect = Callable[..., Awaitable[AsteriskPeer]]
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    gw = GatewayProcess(
+        tmp_path_factory.mktemp("gateway") / "gateway.log",
+        GATEWAY_START_TIMEOUT_S=str(START_TIMEOUT_S),
+    )
+    gw.start()
+    yield gw
+    gw.stop()
 
 
 @pytest.fixture(scope="module")

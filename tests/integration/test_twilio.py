@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -30,9 +30,22 @@ from tests.integration.telephony_peers import (
 
 PROMPT = "Thank you for calling. Your call is important to us. Please stay on the line."
 MENU = "Please listen carefully, as our menu options have changed. " * 4
-START_TIMEOUT_S = 10  # GATEWAY_START_TIMEOUT_S, default
+# GATEWAY_START_TIMEOUT_S for this module's gateway: short, so that the tests that wait it
+# out (a leg that never starts, an application that stays quiet) take seconds, not tens.
+START_TIMEOUT_S = 3
 
 TwilioConnect = Callable[..., Awaitable[TwilioPeer]]
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    gw = GatewayProcess(
+        tmp_path_factory.mktemp("gateway") / "gateway.log",
+        GATEWAY_START_TIMEOUT_S=str(START_TIMEOUT_S),
+    )
+    gw.start()
+    yield gw
+    gw.stop()
 
 
 @pytest.fixture(scope="module")
