@@ -92,7 +92,7 @@ def compose_gateways() -> dict[str, dict[str, Any]]:
 def code_env_names() -> set[str]:
     """Environment variable names the code reads: string literals in gateway/ and engine/."""
     names: set[str] = set()
-    pattern = re.compile(r"""["']((?:GATEWAY|ENGINE)_[A-Z0-9_]+|LOG_LEVEL)["']""")
+    pattern = re.compile(r"""["']((?:GATEWAY|ENGINE|COSYVOICE2)_[A-Z0-9_]+|LOG_LEVEL)["']""")
     for package in ("gateway", "engine"):
         for path in (ROOT / package).rglob("*.py"):
             names |= set(pattern.findall(path.read_text(encoding="utf-8")))

@@ -11,10 +11,13 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """A real gateway with its real espeak engine, shared by a test module."""
+def gateway(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    """A real gateway with its real espeak engine, shared by a test module; a module's
+    ``GATEWAY_ENV`` (a dict) adds to its environment."""
     log = tmp_path_factory.mktemp("gateway") / "gateway.log"
-    gw = GatewayProcess(log)
+    gw = GatewayProcess(log, **getattr(request.module, "GATEWAY_ENV", {}))
     gw.start()
     yield gw
     gw.stop()

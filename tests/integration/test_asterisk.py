@@ -8,7 +8,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -35,19 +35,9 @@ MENU = "Please listen carefully, as our menu options have changed. " * 4
 # GATEWAY_START_TIMEOUT_S for this module's gateway: short, so that the tests that wait it
 # out (a leg that never starts, an application that stays quiet) take seconds, not tens.
 START_TIMEOUT_S = 3
+GATEWAY_ENV = {"GATEWAY_START_TIMEOUT_S": str(START_TIMEOUT_S)}  # the conftest's gateway
 
 AsteriskConnect = Callable[..., Awaitable[AsteriskPeer]]
-
-
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    gw = GatewayProcess(
-        tmp_path_factory.mktemp("gateway") / "gateway.log",
-        GATEWAY_START_TIMEOUT_S=str(START_TIMEOUT_S),
-    )
-    gw.start()
-    yield gw
-    gw.stop()
 
 
 @pytest.fixture(scope="module")

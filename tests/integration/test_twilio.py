@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -33,19 +33,9 @@ MENU = "Please listen carefully, as our menu options have changed. " * 4
 # GATEWAY_START_TIMEOUT_S for this module's gateway: short, so that the tests that wait it
 # out (a leg that never starts, an application that stays quiet) take seconds, not tens.
 START_TIMEOUT_S = 3
+GATEWAY_ENV = {"GATEWAY_START_TIMEOUT_S": str(START_TIMEOUT_S)}  # the conftest's gateway
 
 TwilioConnect = Callable[..., Awaitable[TwilioPeer]]
-
-
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    gw = GatewayProcess(
-        tmp_path_factory.mktemp("gateway") / "gateway.log",
-        GATEWAY_START_TIMEOUT_S=str(START_TIMEOUT_S),
-    )
-    gw.start()
-    yield gw
-    gw.stop()
 
 
 @pytest.fixture(scope="module")

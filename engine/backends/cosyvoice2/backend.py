@@ -18,10 +18,11 @@ refused and recomputed from the stored reference audio).
 ``synthesize_batch`` runs its jobs as streams (:mod:`~engine.backends.cosyvoice2.streaming`)
 in the backend's :class:`~engine.backends.cosyvoice2.step_loop.StepLoop`, with the streams
 of every other call in progress: each step advances every unfinished stream by one LLM
-token; then each stream whose next hop of tokens (plus the flow model's lookahead) is
-there gets that chunk's audio, streams still waiting for their first chunk first; a
-stream whose ``emit`` returns False (cancelled, barge-in) is dropped at once with its
-caches.
+token; then every stream whose next hop of tokens (plus the flow model's lookahead) is
+there gets that chunk's audio, all of them through one flow call
+(:mod:`~engine.backends.cosyvoice2.token2wav`), streams still waiting for their first
+chunk first; a stream whose ``emit`` returns False (cancelled, barge-in) is dropped at
+once with its caches.
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ from engine.backends.cosyvoice2.streaming import (
     HopSchedule,
     LlmState,
     StreamError,
-    Vocoder,
     segment_seed,
 )
+from engine.backends.cosyvoice2.token2wav import ChunkRequest, Vocoder
 from engine.backends.cosyvoice2.voice import (
     FrontEnd,
     VoiceFeatureError,
@@ -328,40 +329,38 @@ class CosyVoice2Backend:
                 self.vocoder.close(stream.stream_id)
 
     def _step(self, streams: Sequence[LoopStream]) -> None:
-        """One step of the loop: a token for every stream still decoding, then the audio
-        of every hop that is complete, streams waiting for their first audio first."""
+        """One step of the loop: a token for every stream still decoding, then one chunk
+        of audio for every stream whose next hop is complete (or whose decoding ended),
+        all of them through one flow call, streams waiting for their first audio first."""
         live = [s for s in streams if isinstance(s, _Stream)]
         decoding = [s.llm for s in live if not s.llm.done]
         if decoding:
             self.decoder.step(decoding)
         lookahead = self.vocoder.lookahead
+        ready: list[tuple[_Stream, ChunkRequest]] = []
         for stream in sorted(live, key=lambda s: s.chunks > 0):
-            while (
-                not stream.finished
-                and len(stream.llm.tokens) - stream.offset >= stream.next_hop + lookahead
-            ):
+            tokens = stream.llm.tokens
+            if len(tokens) - stream.offset >= stream.next_hop + lookahead:
                 end = stream.offset + stream.next_hop + lookahead
-                pcm = self.vocoder.chunk_audio(
-                    stream.stream_id,
-                    stream.llm.tokens[:end],
-                    stream.voice.features,
-                    stream.offset,
-                    final=False,
+                request = ChunkRequest(
+                    stream.stream_id, tokens[:end], stream.voice.features, stream.offset, False
                 )
-                stream.offset += stream.next_hop
-                stream.next_hop = next(stream.hops)
-                self._emit(stream, pcm)
-            if not stream.finished and stream.llm.done:
-                pcm = self.vocoder.chunk_audio(
-                    stream.stream_id,
-                    stream.llm.tokens,
-                    stream.voice.features,
-                    stream.offset,
-                    final=True,
+                ready.append((stream, request))
+            elif stream.llm.done:
+                request = ChunkRequest(
+                    stream.stream_id, list(tokens), stream.voice.features, stream.offset, True
                 )
+                ready.append((stream, request))
+        pieces = self.vocoder.chunks_audio([request for _, request in ready])
+        for (stream, request), pcm in zip(ready, pieces, strict=True):
+            if request.final:
                 self._emit(stream, pcm)
                 stream.finished = True
                 self.vocoder.close(stream.stream_id)
+            else:
+                stream.offset += stream.next_hop
+                stream.next_hop = next(stream.hops)
+                self._emit(stream, pcm)
 
     def _emit(self, stream: _Stream, pcm: np.ndarray) -> None:
         stream.chunks += 1

@@ -11,9 +11,9 @@ generator (bug 4). Here every stream owns:
 - its hop schedule (:class:`HopSchedule`): a short first chunk, then longer ones, always
   ending on the flow model's 25-token chunk boundaries (its attention is chunk-causal, so
   audio cut elsewhere would change when later tokens arrive);
-- its vocoder cache (upstream's ``token2wav`` keyed by the stream's id: the last mel
-  frames and source samples, and the 160 ms held back for the cross-fade into the next
-  chunk, which is what keeps chunk joins click-free).
+- its vocoder cache (:mod:`~engine.backends.cosyvoice2.token2wav`: the last mel frames
+  and source samples, and the 160 ms held back for the cross-fade into the next chunk,
+  which is what keeps chunk joins click-free).
 
 :func:`decode_step` advances every given stream by one token in one forward pass of the
 Qwen2 body: new streams are prefilled alone (their prompts differ in length), streams
@@ -28,13 +28,10 @@ from __future__ import annotations
 import hashlib
 import inspect
 import itertools
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
 from engine.backends.cosyvoice2.model_dir import LoadedModel, SamplingParams
@@ -242,59 +239,3 @@ class Decoder:
             state.lm_input = llm.speech_embedding.weight[token].reshape(1, 1, -1)
         if state.steps >= state.max_len:
             state.done = True
-
-
-def to_pcm16(speech: torch.Tensor) -> npt.NDArray[np.int16]:
-    """Upstream's float speech ([1, n], within ±0.99) as int16."""
-    samples = speech.detach().float().cpu().numpy().reshape(-1)
-    return np.clip(np.round(samples * 32767.0), -32768, 32767).astype(np.int16)
-
-
-class Vocoder:
-    """Tokens to audio per stream: upstream's ``CosyVoice2Model.token2wav`` (flow on every
-    token so far plus the prompt, the vocoder with the stream's own cache), each stream
-    under its own id."""
-
-    def __init__(self, model: LoadedModel) -> None:
-        from cosyvoice.cli.model import CosyVoice2Model
-
-        self.model = model
-        self._upstream = CosyVoice2Model(
-            model.llm, model.flow, model.hift, fp16=model.dtype == torch.float16
-        )
-        self._upstream.device = model.device
-        self._lock = threading.Lock()
-        self.lookahead = int(model.flow.pre_lookahead_len)
-        self.chunk = int(model.flow.input_frame_rate)
-
-    def open(self, stream_id: str) -> None:
-        with self._lock:
-            self._upstream.hift_cache_dict[stream_id] = None
-
-    def close(self, stream_id: str) -> None:
-        with self._lock:
-            self._upstream.hift_cache_dict.pop(stream_id, None)
-
-    @torch.inference_mode()
-    def chunk_audio(
-        self,
-        stream_id: str,
-        tokens: Sequence[int],
-        voice: VoiceFeatures,
-        offset: int,
-        *,
-        final: bool,
-    ) -> npt.NDArray[np.int16]:
-        """Audio for tokens from ``offset`` on (all of ``tokens`` is context; the last
-        ``lookahead`` only look ahead unless ``final``)."""
-        speech = self._upstream.token2wav(
-            token=torch.tensor([list(tokens)], dtype=torch.int32),
-            prompt_token=voice.speech_token,
-            prompt_feat=voice.speech_feat,
-            embedding=voice.embedding,
-            token_offset=offset,
-            uuid=stream_id,
-            stream=True,
-            finalize=final,
-        )
-        return to_pcm16(speech)
