@@ -218,8 +218,7 @@ def backend_names() -> list[str]:
 
 def _load_builtin_backends() -> None:
     # Imported lazily so that a backend's heavy dependencies load only when chosen.
-    from engine.backends import espeak, piper, synthetic
-    from engine.backends.cosyvoice2 import backend as cosyvoice2
+    from engine.backends import cosyvoice2, espeak, piper, synthetic
 
     cosyvoice2.register()
     espeak.register()

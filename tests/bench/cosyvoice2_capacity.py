@@ -93,7 +93,8 @@ def run_engine(backend: CosyVoice2Backend, n: int) -> list[StreamRecord]:
         record = records[index]
 
         def emit(_job: int, pcm: np.ndarray) -> bool:
-            record.chunks.append((time.perf_counter(), len(pcm)))
+            if len(pcm):  # empty: the backend asking whether the stream is still wanted
+                record.chunks.append((time.perf_counter(), len(pcm)))
             return True
 
         barrier.wait()

@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 import re
 import threading
 import uuid
@@ -49,7 +48,6 @@ from engine.backends.base import (
     SynthesisJob,
     UnknownVoice,
     VoiceSettings,
-    register_backend,
 )
 from engine.backends.cosyvoice2 import model_dir, upstream
 from engine.backends.cosyvoice2.step_loop import LoopStream, StepLoop
@@ -82,6 +80,9 @@ DEFAULT_MAX_STREAMS: Final = 16
 MAX_TEXT_CHARS: Final = 400
 MAX_INSTRUCT_CHARS: Final = 200
 EMBEDDING_DIM: Final = 192
+# Emitted before each step: no audio, but the scheduler's answer says whether the stream
+# is still wanted, so a cancel stops its decoding at the next step, not its next chunk.
+_NO_AUDIO: Final = np.zeros(0, dtype=np.int16)
 DTYPES: Final = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -333,6 +334,10 @@ class CosyVoice2Backend:
         of audio for every stream whose next hop is complete (or whose decoding ended),
         all of them through one flow call, streams waiting for their first audio first."""
         live = [s for s in streams if isinstance(s, _Stream)]
+        for stream in live:  # cancelled (clear, barge-in) since the last step? stop now
+            if not stream.emit(_NO_AUDIO):
+                self._drop(stream)
+        live = [s for s in live if not s.finished]
         decoding = [s.llm for s in live if not s.llm.done]
         if decoding:
             self.decoder.step(decoding)
@@ -365,14 +370,11 @@ class CosyVoice2Backend:
     def _emit(self, stream: _Stream, pcm: np.ndarray) -> None:
         stream.chunks += 1
         if pcm.size and not stream.emit(pcm):
-            stream.finished = True  # cancelled: stop decoding it, free its caches now
-            stream.llm.done = True
-            stream.llm.cache = None
-            self.vocoder.close(stream.stream_id)
+            self._drop(stream)
 
-
-def register() -> None:
-    def create() -> CosyVoice2Backend:
-        return CosyVoice2Backend(CosyVoice2Settings.from_env(os.environ))
-
-    register_backend("cosyvoice2", create)
+    def _drop(self, stream: _Stream) -> None:
+        """A cancelled stream: stop decoding it and free its caches now."""
+        stream.finished = True
+        stream.llm.done = True
+        stream.llm.cache = None
+        self.vocoder.close(stream.stream_id)

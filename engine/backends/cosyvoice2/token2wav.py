@@ -13,10 +13,14 @@ and its normalizations per frame, so a stream's frames do not see the padding: a
 mel equals what upstream's ``flow.inference`` gives it alone (tested). The noise is the
 flow's fixed noise, as upstream uses it (each stream gets its prefix).
 
-The vocoder (HiFT) then runs per stream with upstream's caching, as ``token2wav`` does: the
-last 8 mel frames and 3840 source samples carried into the next chunk, the first 3840
-samples cross-faded with the held-back end of the previous chunk, and 160 ms held back
-until the next chunk (all of it on the final one).
+The vocoder (HiFT) then runs with upstream's per-stream caching, as ``token2wav`` does:
+the last 8 mel frames and 3840 source samples carried into the next chunk, the first
+3840 samples cross-faded with the held-back end of the previous chunk, and 160 ms held
+back until the next chunk (all of it on the final one). Its convolutions are not causal,
+so padding would change a stream's last samples: chunks are batched by bucket instead,
+those with the same number of mel frames and of cached source samples in one call (the
+hop schedule puts streams at the same stage of their utterance in the same bucket: 25,
+50 and 100-token hops), without padding, so each gets what it gets alone.
 """
 
 from __future__ import annotations
@@ -116,7 +120,7 @@ class Vocoder:
             return []
         mels = self.mels(requests)
         self.widest = max(self.widest, len(requests))
-        return [self._vocode(request, mel) for request, mel in zip(requests, mels, strict=True)]
+        return self._vocode(requests, mels)
 
     @torch.inference_mode()
     def mels(self, requests: Sequence[ChunkRequest]) -> list[torch.Tensor]:
@@ -195,26 +199,45 @@ class Vocoder:
         solved: torch.Tensor = x
         return solved
 
-    def _vocode(self, request: ChunkRequest, mel: torch.Tensor) -> npt.NDArray[np.int16]:
-        """Upstream ``token2wav``'s vocoder half, with the stream's cache."""
+    def _vocode(
+        self, requests: Sequence[ChunkRequest], mels: Sequence[torch.Tensor]
+    ) -> list[npt.NDArray[np.int16]]:
+        """Upstream ``token2wav``'s vocoder half for each request, with its stream's
+        cache; requests whose inputs have the same shapes run in one call."""
+        inputs: list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor] | None]] = []
         with self._lock:
-            cache = self._caches.get(request.stream_id)
-        if cache is not None:
-            mel = torch.cat([cache["mel"], mel], dim=2)
-            source = cache["source"]
-        else:
-            source = torch.zeros(1, 1, 0, device=mel.device)
-        speech, new_source = self.hift.inference(speech_feat=mel, cache_source=source)
-        if cache is not None:
-            speech = self._fade_in_out(speech, cache["speech"], self._window)
-        if not request.final:
-            kept = {
-                "mel": mel[:, :, -MEL_CACHE_FRAMES:],
-                "source": new_source[:, :, -SOURCE_CACHE_SAMPLES:],
-                "speech": speech[:, -SOURCE_CACHE_SAMPLES:],
-            }
-            with self._lock:
-                if request.stream_id in self._caches:  # not closed meanwhile
-                    self._caches[request.stream_id] = kept
-            speech = speech[:, :-SOURCE_CACHE_SAMPLES]
-        return to_pcm16(speech)
+            caches = [self._caches.get(r.stream_id) for r in requests]
+        for mel, cache in zip(mels, caches, strict=True):
+            if cache is not None:
+                inputs.append((torch.cat([cache["mel"], mel], dim=2), cache["source"], cache))
+            else:
+                inputs.append((mel, torch.zeros(1, 1, 0, device=mel.device), None))
+        buckets: dict[tuple[int, int], list[int]] = {}
+        for index, (mel, source, _) in enumerate(inputs):
+            buckets.setdefault((mel.shape[2], source.shape[2]), []).append(index)
+        speech: list[torch.Tensor] = [torch.empty(0)] * len(requests)
+        sources: list[torch.Tensor] = [torch.empty(0)] * len(requests)
+        for indices in buckets.values():
+            batch_mel = torch.cat([inputs[i][0] for i in indices])
+            batch_source = torch.cat([inputs[i][1] for i in indices])
+            out, out_source = self.hift.inference(speech_feat=batch_mel, cache_source=batch_source)
+            for row, index in enumerate(indices):
+                speech[index], sources[index] = out[row : row + 1], out_source[row : row + 1]
+        pieces = []
+        for request, (mel, _, cache), wave, source in zip(
+            requests, inputs, speech, sources, strict=True
+        ):
+            if cache is not None:
+                wave = self._fade_in_out(wave, cache["speech"], self._window)
+            if not request.final:
+                kept = {
+                    "mel": mel[:, :, -MEL_CACHE_FRAMES:],
+                    "source": source[:, :, -SOURCE_CACHE_SAMPLES:],
+                    "speech": wave[:, -SOURCE_CACHE_SAMPLES:],
+                }
+                with self._lock:
+                    if request.stream_id in self._caches:  # not closed meanwhile
+                        self._caches[request.stream_id] = kept
+                wave = wave[:, :-SOURCE_CACHE_SAMPLES]
+            pieces.append(to_pcm16(wave))
+        return pieces

@@ -39,7 +39,8 @@ def run_batch(
     chunks: dict[int, list[np.ndarray]] = defaultdict(list)
 
     def emit(index: int, pcm: np.ndarray) -> bool:
-        chunks[index].append(pcm)
+        if len(pcm):  # empty: the backend asking whether the stream is still wanted
+            chunks[index].append(pcm)
         return stop_after is None or len(chunks[index]) < stop_after.get(index, 10**9)
 
     backend.synthesize_batch(jobs, emit)
@@ -85,7 +86,7 @@ def test_the_version_follows_the_model_files(tmp_path: Path, tiny_model_dir: Pat
     assert model_dir.model_version(copy) != before
 
 
-def test_stand_ins_lend_names_but_refuse_use() -> None:
+def test_stand_ins_lend_names_but_refuse_use(tiny_model_dir: Path) -> None:
     upstream.require()
     import torchaudio  # the stand-in: the real one does not load against this torch
 
@@ -251,8 +252,9 @@ def test_a_segment_handed_over_later_joins_the_running_streams(
     events: list[tuple[str, float]] = []
 
     def recorder(kind: str) -> BatchEmit:
-        def emit(_index: int, _pcm: np.ndarray) -> bool:
-            events.append((kind, time.monotonic()))
+        def emit(_index: int, pcm: np.ndarray) -> bool:
+            if len(pcm):
+                events.append((kind, time.monotonic()))
             return True
 
         return emit
@@ -338,3 +340,19 @@ def test_a_gpu_out_of_memory_fails_the_step_s_streams_and_the_engine_goes_on(
     chunks = run_batch(cosyvoice2, [SynthesisJob(TEXT, voice)])[0]  # the next batch runs
     assert chunks and sum(len(c) for c in chunks) > 0
     assert cosyvoice2.gpu_memory() == (0, 0) and not cosyvoice2.on_gpu  # CPU: RSS counts
+
+
+def test_a_cancel_stops_decoding_at_the_next_step_not_the_next_chunk(
+    cosyvoice2: CosyVoice2Backend,
+) -> None:
+    voice = cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE))
+    steps_before = cosyvoice2._loop.steps
+    polls = {"n": 0}
+
+    def emit(_index: int, pcm: np.ndarray) -> bool:
+        polls["n"] += 1
+        return polls["n"] < 3  # wanted for two steps, then cancelled (no audio yet)
+
+    cosyvoice2.synthesize_batch([SynthesisJob("Thank you for calling us today.", voice)], emit)
+    assert cosyvoice2._loop.steps - steps_before <= 3  # not the 28 of a first chunk
+    assert cosyvoice2.vocoder.open_streams() == 0

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from engine.backends.base import VoiceSettings
@@ -70,3 +71,39 @@ def test_each_stream_keeps_its_own_vocoder_cache(cosyvoice2: CosyVoice2Backend) 
     finally:
         vocoder.close("y")
     assert vocoder.open_streams() == 0
+
+
+def test_chunks_of_the_same_shape_share_a_vocoder_call_and_get_what_they_get_alone(
+    cosyvoice2: CosyVoice2Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # HiFT's source module draws random phases and noise: draw zeros, so that a stream's
+    # audio alone and in a batch can be compared sample by sample.
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.zeros(*a, **k))
+    monkeypatch.setattr(torch, "randn_like", lambda x, **k: torch.zeros_like(x, **k))
+    base = cosyvoice2.resolve_voice(VoiceSettings(BASE_VOICE)).features
+    rng = np.random.default_rng(11)
+    tokens = [rng.integers(0, cosyvoice2.model.speech_token_size, 28).tolist() for _ in range(3)]
+    vocoder = cosyvoice2.vocoder
+    calls = {"n": 0}
+    real = vocoder.hift.inference
+
+    def counting(**kwargs: torch.Tensor) -> object:
+        calls["n"] += 1
+        return real(**kwargs)
+
+    monkeypatch.setattr(vocoder.hift, "inference", counting)
+    requests = [ChunkRequest(f"s{i}", t, base, 0, False) for i, t in enumerate(tokens)]
+    ragged = ChunkRequest("r", tokens[0][:26], base, 0, True)  # another shape: its own call
+    for request in (*requests, ragged):
+        vocoder.open(request.stream_id)
+    try:
+        together = vocoder.chunks_audio([*requests, ragged])
+        assert calls["n"] == 2
+        for request, audio in zip(requests, together[: len(requests)], strict=True):
+            vocoder.close(request.stream_id)
+            vocoder.open(request.stream_id)
+            (alone,) = vocoder.chunks_audio([request])
+            np.testing.assert_allclose(audio.astype(float), alone.astype(float), atol=2)
+    finally:
+        for request in (*requests, ragged):
+            vocoder.close(request.stream_id)
