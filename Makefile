@@ -100,7 +100,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.legs
 	$(PY) -m tests.bench.scale_out
 	$(PY) -m tests.bench.storm
-	$(PY) -m tests.bench.cosyvoice2_capacity --dims tiny --levels 1 2 4 8
+	$(PY) -m tests.bench.cosyvoice2_capacity --dims tiny --levels 1 2 4 8 --cache-lookups 500
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache artifacts

@@ -12,6 +12,7 @@ import pytest
 from engine.backends.cosyvoice2 import upstream
 from tests.bench import cosyvoice2_capacity
 from tests.bench.cosyvoice2_capacity import StreamRecord
+from tests.integration.harness import running_redis
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -23,8 +24,15 @@ pytestmark = [
 
 def test_both_paths_speak_every_stream_and_the_report_adds_up(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    cosyvoice2_capacity.main(["--levels", "1", "2", "--no-docs", "--out", str(out)])
+    with running_redis(tmp_path) as redis:
+        argv = ["--levels", "1", "2", "--cache-lookups", "20", "--redis-url", redis.url]
+        cosyvoice2_capacity.main([*argv, "--no-docs", "--out", str(out)])
     body = json.loads((out / "cosyvoice2_capacity.json").read_text())
+    cache = body["feature_cache"]
+    assert 100 < cache["blob_kib"] < 250  # 10 s: 500 mel frames of 80 floats, and more
+    assert 0 < cache["l1_p50_us"] <= cache["l1_p99_us"]
+    assert 0 < cache["l2_p50_us"] <= cache["l2_p99_us"]
+    assert cache["l1_p50_us"] < cache["l2_p50_us"]  # memory before a Redis round trip
     assert body["dims"] == "tiny" and body["device"] == "cpu"
     levels = {(lv["path"], lv["streams"]): lv for lv in body["levels"]}
     assert set(levels) == {("engine", 1), ("official", 1), ("engine", 2), ("official", 2)}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -129,11 +130,16 @@ class FrontEnd:
         self._speech_tokenizer = _session(directory / "speech_tokenizer_v2.onnx")
         self._campplus = _session(directory / "campplus.onnx")
         self._tokenizer = tokenizer
+        # Hugging Face's fast tokenizers are not safe to call from several threads at
+        # once ("Already borrowed"); the scheduler's worker threads open streams at once.
+        self._tokenizer_lock = threading.Lock()
         self.model_version = model_version
 
     def text_tokens(self, text: str) -> torch.Tensor:
         """[1, T] int32 text tokens."""
-        return torch.tensor([self._tokenizer.encode(text)], dtype=torch.int32).reshape(1, -1)
+        with self._tokenizer_lock:
+            ids = self._tokenizer.encode(text)
+        return torch.tensor([ids], dtype=torch.int32).reshape(1, -1)
 
     def speech_tokens(self, audio16k: torch.Tensor) -> torch.Tensor:
         mel = features.whisper_log_mel(audio16k)

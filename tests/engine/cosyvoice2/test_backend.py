@@ -356,3 +356,24 @@ def test_a_cancel_stops_decoding_at_the_next_step_not_the_next_chunk(
     cosyvoice2.synthesize_batch([SynthesisJob("Thank you for calling us today.", voice)], emit)
     assert cosyvoice2._loop.steps - steps_before <= 3  # not the 28 of a first chunk
     assert cosyvoice2.vocoder.open_streams() == 0
+
+
+def test_streams_opened_from_many_threads_at_once_tokenize_alike(
+    cosyvoice2: CosyVoice2Backend,
+) -> None:
+    texts = [f"Caller number {i}, please hold." for i in range(16)]
+    expected = [cosyvoice2.front_end.text_tokens(t).tolist() for t in texts]
+    results: list[list[list[int]]] = [[] for _ in texts]
+    barrier = threading.Barrier(len(texts))
+
+    def tokenize(i: int) -> None:
+        barrier.wait()
+        for _ in range(50):
+            results[i] = cosyvoice2.front_end.text_tokens(texts[i]).tolist()
+
+    threads = [threading.Thread(target=tokenize, args=(i,)) for i in range(len(texts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert results == expected
