@@ -16,9 +16,10 @@ import torch
 
 from engine.backends.base import BackendError, BatchEmit, SynthesisJob, VoiceSettings
 from engine.backends.cosyvoice2 import model_dir, upstream
-from engine.backends.cosyvoice2.backend import BASE_VOICE, CosyVoice2Backend
+from engine.backends.cosyvoice2.backend import BASE_VOICE, CosyVoice2Backend, CosyVoice2Settings
 from engine.backends.cosyvoice2.streaming import HopSchedule, LlmState
 from engine.backends.cosyvoice2.voice import VoiceFeatureError, decode, encode
+from engine.ipc.env import ConfigError
 from tests.engine.cosyvoice2.tiny_model import reference_audio
 
 SAMPLES_PER_TOKEN = 960  # 24 kHz, 25 tokens a second
@@ -377,3 +378,30 @@ def test_streams_opened_from_many_threads_at_once_tokenize_alike(
     for thread in threads:
         thread.join(30)
     assert results == expected
+
+
+def test_settings_are_checked_with_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="COSYVOICE2_MODEL_DIR"):
+        CosyVoice2Settings.from_env({"ENGINE_BACKEND": "cosyvoice2"})
+    settings = CosyVoice2Settings.from_env(
+        {"COSYVOICE2_MODEL_DIR": str(tmp_path), "ENGINE_DEVICE": "cpu", "ENGINE_MAX_BATCH": "64"}
+    )
+    assert (
+        settings.max_streams == 64
+        and settings.torch_dtype(settings.torch_device()) == torch.float32
+    )
+    assert CosyVoice2Settings.from_env({"COSYVOICE2_MODEL_DIR": str(tmp_path)}).max_streams == 16
+    with pytest.raises(ConfigError, match="ENGINE_DEVICE"):
+        CosyVoice2Settings(model_dir=tmp_path, device="gpu0").torch_device()
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            CosyVoice2Settings(model_dir=tmp_path, device="cuda:1").torch_device()
+    with pytest.raises(ConfigError, match="needs a CUDA device"):
+        CosyVoice2Settings(model_dir=tmp_path, dtype="float16").torch_dtype(torch.device("cpu"))
+    with pytest.raises(ConfigError, match="one of"):
+        CosyVoice2Settings(model_dir=tmp_path, dtype="int8").torch_dtype(torch.device("cpu"))
+    expected = (
+        upstream.UpstreamUnavailable if upstream.missing_packages() else model_dir.ModelDirError
+    )
+    with pytest.raises(expected, match="missing"):  # the packages, or the model's files
+        CosyVoice2Backend(CosyVoice2Settings(model_dir=tmp_path))
