@@ -39,10 +39,12 @@ from tests.integration.harness import (
 )
 from tests.integration.telephony_peers import (
     ATTEMPTS,
+    AsteriskPeer,
     TwilioPeer,
     attached_app,
     client_on,
     leg_on,
+    leg_url,
 )
 
 
@@ -84,8 +86,8 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
 
 
 @pytest.fixture
-async def closing() -> AsyncIterator[list[NativeClient | TwilioPeer]]:
-    opened: list[NativeClient | TwilioPeer] = []
+async def closing() -> AsyncIterator[list[NativeClient | TwilioPeer | AsteriskPeer]]:
+    opened: list[NativeClient | TwilioPeer | AsteriskPeer] = []
     yield opened
     for thing in opened:
         await thing.aclose()
@@ -94,7 +96,7 @@ async def closing() -> AsyncIterator[list[NativeClient | TwilioPeer]]:
 async def test_leg_on_one_worker_application_on_the_other_behind_nginx(
     host: GatewayProcess,
     tmp_path: Path,
-    closing: list[NativeClient | TwilioPeer],
+    closing: list[NativeClient | TwilioPeer | AsteriskPeer],
 ) -> None:
     """nginx routes on nothing but the path: the Twilio leg and its IVR application land on
     different workers, and the application drives the call all the same (speak, mark,
@@ -125,8 +127,34 @@ async def test_leg_on_one_worker_application_on_the_other_behind_nginx(
     assert values["gateway_call_relays_total{result=relayed}"] >= 1
 
 
+async def test_an_asterisk_leg_is_driven_from_the_other_worker_the_same_way(
+    host: GatewayProcess, closing: list[NativeClient | TwilioPeer | AsteriskPeer]
+) -> None:
+    """The relay is the same for every leg protocol: an Asterisk chan_websocket leg on one
+    worker, its application on the other (speak, DTMF, hangup)."""
+    token = host.token(tenant="acme")
+    leg = await AsteriskPeer.connect(leg_url(host, "asterisk"), query={"access_token": token})
+    closing.append(leg)
+    await leg.send_media_start()
+    await leg.wait_until(lambda: leg.first("ANSWER") is not None, timeout=5)
+    app = await attached_app(host.ws_url, token, leg.channel_id, avoid=worker_of(leg.ws))
+    closing.append(app)
+    assert {worker_of(leg.ws), worker_of(app.ws)} == {"0", "1"}
+    await app.send(type="speak", text="Your balance is twelve dollars.")
+    await app.wait_event("utterance_done", timeout=15)
+    await leg.wait_until(lambda: sum(len(m) for _, m in leg.media) > 50 * 160, timeout=10)
+    pcm = g711.ulaw_decode(b"".join(m for _, m in leg.media)).astype(np.float64)
+    assert np.sqrt(np.mean(pcm**2)) / 32768 > 0.02  # speech, not silence
+    await leg.send_dtmf_end("7")
+    assert (await app.wait_event("dtmf"))["digit"] == "7"
+    await app.send(type="hangup")
+    await leg.wait_until(lambda: leg.first("HANGUP") is not None, timeout=10)
+    ended = await app.wait_event("call_ended")
+    assert ended["call_id"] == leg.channel_id
+
+
 async def test_another_tenant_cannot_reach_the_call_through_the_relay(
-    host: GatewayProcess, closing: list[NativeClient | TwilioPeer]
+    host: GatewayProcess, closing: list[NativeClient | TwilioPeer | AsteriskPeer]
 ) -> None:
     leg = await leg_on(f"ws://127.0.0.1:{host.port}/v1/twilio", host.token(tenant="acme"))
     closing.append(leg)
@@ -139,7 +167,7 @@ async def test_another_tenant_cannot_reach_the_call_through_the_relay(
 
 
 async def test_one_metrics_endpoint_for_the_host(
-    host: GatewayProcess, closing: list[NativeClient | TwilioPeer]
+    host: GatewayProcess, closing: list[NativeClient | TwilioPeer | AsteriskPeer]
 ) -> None:
     """Whichever worker answers the scrape, the figures are the host's: sessions opened
     on both workers are counted once each, and open ones are summed."""
@@ -174,7 +202,7 @@ async def test_one_metrics_endpoint_for_the_host(
 
 
 async def test_kill_9_of_a_worker(
-    host: GatewayProcess, closing: list[NativeClient | TwilioPeer]
+    host: GatewayProcess, closing: list[NativeClient | TwilioPeer | AsteriskPeer]
 ) -> None:
     """The killed worker's call ends with ``call_lost`` for its application on the other
     worker; the other worker's call goes on untouched; the supervisor starts the worker
@@ -282,7 +310,7 @@ def instances(
 async def test_application_reaches_a_call_on_another_instance(
     instances: tuple[GatewayProcess, GatewayProcess, str],
     redis: RedisServer,
-    closing: list[NativeClient | TwilioPeer],
+    closing: list[NativeClient | TwilioPeer | AsteriskPeer],
 ) -> None:
     """The leg on instance A, the application on instance B: relayed over TCP; the
     directory entry lives as long as the call, and an instance that dies leaves none."""
@@ -316,7 +344,7 @@ async def test_application_reaches_a_call_on_another_instance(
 async def test_call_entry_goes_with_the_call(
     instances: tuple[GatewayProcess, GatewayProcess, str],
     redis: RedisServer,
-    closing: list[NativeClient | TwilioPeer],
+    closing: list[NativeClient | TwilioPeer | AsteriskPeer],
 ) -> None:
     a, _, prefix = instances
     leg = await TwilioPeer.connect(
