@@ -33,9 +33,21 @@ from tests.integration.harness import (
     GatewayProcess,
     NativeClient,
     RedisServer,
+    free_udp_port,
     wait_workers,
     worker_of,
     worker_pids,
+)
+from tests.integration.sip_peers import (
+    OK_TO_REQUEST,
+    RtpPeer,
+    ack,
+    have_sipp,
+    invite,
+    offer_sdp,
+    recv,
+    run_sipp,
+    scenario,
 )
 from tests.integration.telephony_peers import (
     ATTEMPTS,
@@ -151,6 +163,53 @@ async def test_an_asterisk_leg_is_driven_from_the_other_worker_the_same_way(
     await leg.wait_until(lambda: leg.first("HANGUP") is not None, timeout=10)
     ended = await app.wait_event("call_ended")
     assert ended["call_id"] == leg.channel_id
+
+
+@pytest.mark.skipif(not have_sipp(), reason="sipp is not installed")
+async def test_a_sip_call_on_worker_0_is_driven_from_worker_1(
+    tmp_path: Path, closing: list[NativeClient | TwilioPeer | AsteriskPeer]
+) -> None:
+    """The SIP bridge runs on worker 0 only; an application that lands on worker 1 drives
+    the call through the relay as any other (speak reaches the caller's RTP, DTMF, hangup
+    sends BYE)."""
+    sip_port = free_udp_port()
+    low = 40000 + (free_udp_port() % 200) * 100
+    gw = start_host(
+        tmp_path / "gateway.log",
+        GATEWAY_SIP_LISTEN=f"127.0.0.1:{sip_port}",
+        GATEWAY_SIP_RTP_PORTS=f"{low}-{low + 99}",
+    )
+    peer = await RtpPeer.open("PCMU")
+    cid = f"workers-{uuid.uuid4().hex[:12]}@127.0.0.1"
+    xml = scenario(
+        "app",
+        invite("app", offer_sdp(peer.port, ("PCMU",))),
+        recv(100, optional=True),
+        recv(200, rrs=True),
+        ack("app"),
+        recv(request="BYE", timeout_ms=40000),
+        OK_TO_REQUEST,
+    )
+    try:
+        sipp = asyncio.ensure_future(run_sipp(xml, ("127.0.0.1", sip_port), tmp_path, call_id=cid))
+        app = await attached_app(gw.ws_url, gw.token(tenant="sip"), cid, worker="1")
+        closing.append(app)
+        await app.send(type="speak", text="Your balance is twelve dollars.", utterance_id="b")
+        await app.wait_event("utterance_done", utterance_id="b", timeout=15)
+        await peer.wait_packets(50)
+        pcm = peer.audio().astype(np.float64)
+        assert np.sqrt(np.mean(pcm**2)) / 32768 > 0.02  # speech reached the caller
+        await peer.send_digit("7")
+        assert (await app.wait_event("dtmf", timeout=5))["digit"] == "7"
+        await app.send(type="hangup")
+        assert (await app.wait_event("call_ended", timeout=10))["call_id"] == cid
+        result = await sipp
+        assert result.returncode == 0, result.output
+        _, values = await scrape(gw.base)
+        assert values["gateway_call_relays_total{result=relayed}"] >= 1
+    finally:
+        peer.close()
+        gw.stop()
 
 
 async def test_another_tenant_cannot_reach_the_call_through_the_relay(
