@@ -140,7 +140,9 @@ class SynthesisJob:
     leading: bool = False
 
 
-# Receives (job index, int16 PCM of that job); False: that job is no longer wanted.
+# Receives (job index, int16 PCM of that job); False: that job is no longer wanted. An
+# empty chunk only asks that (an autoregressive backend asks before each step, so that a
+# cancel stops its decoding at once rather than at its next chunk).
 BatchEmit = Callable[[int, PcmChunk], bool]
 # Receives (job index, that job's words timed against its audio); from batch backends whose
 # ``times_words`` is True, passed as ``synthesize_batch``'s third argument.

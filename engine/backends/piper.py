@@ -71,6 +71,7 @@ from engine.backends.base import (
     register_backend,
 )
 from engine.backends.espeak_lib import library
+from engine.backends.onnx_cpu import cpu_session
 from engine.ipc.schema import VoiceInfo
 
 log = logging.getLogger(__name__)
@@ -393,15 +394,7 @@ def decoder_input(graph: Any) -> str | None:
 
 
 def _session(model: Any, threads: int) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    return ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    return cpu_session(model.SerializeToString(), threads)
 
 
 def _to_int16(audio: npt.NDArray[np.floating[Any]]) -> npt.NDArray[np.int16]:

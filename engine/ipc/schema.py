@@ -31,6 +31,7 @@ import msgspec
 
 PROTOCOL_VERSION: Final = 2  # 2: UtteranceWords, Speak.release, CancelUtterance
 MAX_FRAME_BYTES: Final = 4 << 20  # a 30 s reference recording (PrepareVoice) is ~1 MB
+MAX_INSTRUCT_CHARS: Final = 200  # ``instruct`` (start, speak): a style instruction
 _LENGTH = struct.Struct(">I")
 
 

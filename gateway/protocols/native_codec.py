@@ -12,6 +12,7 @@ from typing import Literal
 
 import msgspec
 
+from engine.ipc.schema import MAX_INSTRUCT_CHARS
 from gateway.calls import MAX_CALL_ID_CHARS
 from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError
 from gateway.events import (
@@ -34,7 +35,6 @@ from gateway.formats import FORMATS, INPUT_FORMATS
 from gateway.session import DEFAULT_MAX_BUFFER_DELAY_MS, StartOptions
 
 MAX_NAME_CHARS = 256
-MAX_INSTRUCT_CHARS = 200
 MAX_BUFFER_DELAY_MS = 5000
 
 

@@ -336,6 +336,15 @@ class NativeClient:
         await self.http.close()
 
 
+async def voices_of(gw: GatewayProcess) -> dict[str, dict[str, Any]]:
+    """``GET /v1/voices`` (the default tenant's token), by voice id."""
+    async with aiohttp.ClientSession() as http:
+        r = await http.get(
+            gw.base + "/v1/voices", headers={"Authorization": f"Bearer {gw.token()}"}
+        )
+        return {v["id"]: v for v in (await r.json())["voices"]}
+
+
 async def metric(gw: GatewayProcess, name: str, **labels: str) -> float:
     async with aiohttp.ClientSession() as http:
         text = await (await http.get(gw.base + "/metrics")).text()

@@ -325,6 +325,20 @@ def play_pcap(path: str) -> str:
     return f'  <nop><action><exec play_pcap_audio="{path}"/></action></nop>\n'
 
 
+def call_ended_by_gateway(name: str, user: str, sdp: str) -> str:
+    """A scenario that calls ``user`` with ``sdp``, acknowledges the answer, then waits
+    (40 s at most) for the gateway's BYE and answers it: a call its application ends."""
+    return scenario(
+        name,
+        invite(user, sdp),
+        recv(100, optional=True),
+        recv(200, rrs=True),
+        ack(user),
+        recv(request="BYE", timeout_ms=40000),
+        OK_TO_REQUEST,
+    )
+
+
 def scenario(name: str, *steps: str) -> str:
     head = '<?xml version="1.0" encoding="ISO-8859-1" ?>'
     return f'{head}\n<scenario name="{name}">\n{"".join(steps)}</scenario>\n'

@@ -8,7 +8,6 @@ import shutil
 from collections.abc import Iterator
 from typing import Any
 
-import aiohttp
 import numpy as np
 import pytest
 
@@ -17,7 +16,7 @@ from telephony.codecs import g711
 from telephony.codecs.opus import OpusDecoder
 from tests.engine.cosyvoice2.tiny_model import write_tiny_model
 from tests.integration.caller_audio import espeak_reference, wav_bytes
-from tests.integration.harness import GatewayProcess, NativeClient, RedisServer
+from tests.integration.harness import GatewayProcess, NativeClient, RedisServer, voices_of
 from tests.integration.test_voices import metrics, register
 
 pytestmark = [
@@ -64,11 +63,7 @@ def level_dbfs(pcm: np.ndarray) -> float:
 
 
 async def test_the_model_s_voice_is_listed_with_its_backend(gateway: GatewayProcess) -> None:
-    async with aiohttp.ClientSession() as http:
-        r = await http.get(
-            gateway.base + "/v1/voices", headers={"Authorization": f"Bearer {gateway.token()}"}
-        )
-        voices = {v["id"]: v for v in (await r.json())["voices"]}
+    voices = await voices_of(gateway)
     assert voices["cosyvoice2"]["backend"] == "cosyvoice2"
     assert voices["cosyvoice2"]["language"] == "mul"
     assert voices["en-us"]["backend"] == "espeak"

@@ -6,13 +6,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-import aiohttp
 import numpy as np
 import pytest
 
 from engine.backends.piper import bundled_voice_installed
 from telephony.codecs import g711
-from tests.integration.harness import GatewayProcess, NativeClient
+from tests.integration.harness import GatewayProcess, NativeClient, voices_of
 from tests.integration.telephony_peers import TwilioPeer, leg_url
 
 pytestmark = pytest.mark.skipif(not bundled_voice_installed(), reason="no bundled Piper voice")
@@ -32,11 +31,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 
 
 async def test_the_neural_voice_is_listed_with_its_backend(gateway: GatewayProcess) -> None:
-    async with aiohttp.ClientSession() as http:
-        r = await http.get(
-            gateway.base + "/v1/voices", headers={"Authorization": f"Bearer {gateway.token()}"}
-        )
-        voices = {v["id"]: v for v in (await r.json())["voices"]}
+    voices = await voices_of(gateway)
     assert voices["en-us-joe"]["backend"] == "piper"
     assert voices["en-us-joe"]["language"] == "en-US"
     assert voices["en-us"]["backend"] == "espeak" and voices["zh"]["backend"] == "espeak"

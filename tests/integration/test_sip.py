@@ -39,6 +39,7 @@ from tests.integration.sip_peers import (
     RtpPeer,
     ack,
     baresip_config,
+    call_ended_by_gateway,
     decoded_dump,
     have_baresip,
     have_sipp,
@@ -267,15 +268,7 @@ async def test_an_application_gets_digits_barge_in_and_hangs_up(
 ) -> None:
     peer = await RtpPeer.open("PCMU")
     cid = call_id()
-    xml = scenario(
-        "app",
-        invite("app", offer_sdp(peer.port, ("PCMU",))),
-        recv(100, optional=True),
-        recv(200, rrs=True),
-        ack("app"),
-        recv(request="BYE", timeout_ms=40000),
-        OK_TO_REQUEST,
-    )
+    xml = call_ended_by_gateway("app", "app", offer_sdp(peer.port, ("PCMU",)))
     speech = caller_audio.espeak_speech()
     try:
         sipp = asyncio.ensure_future(run_sipp(xml, sip_target(gateway), tmp_path, call_id=cid))

@@ -39,15 +39,11 @@ from tests.integration.harness import (
     worker_pids,
 )
 from tests.integration.sip_peers import (
-    OK_TO_REQUEST,
     RtpPeer,
-    ack,
+    call_ended_by_gateway,
     have_sipp,
-    invite,
     offer_sdp,
-    recv,
     run_sipp,
-    scenario,
 )
 from tests.integration.telephony_peers import (
     ATTEMPTS,
@@ -181,15 +177,7 @@ async def test_a_sip_call_on_worker_0_is_driven_from_worker_1(
     )
     peer = await RtpPeer.open("PCMU")
     cid = f"workers-{uuid.uuid4().hex[:12]}@127.0.0.1"
-    xml = scenario(
-        "app",
-        invite("app", offer_sdp(peer.port, ("PCMU",))),
-        recv(100, optional=True),
-        recv(200, rrs=True),
-        ack("app"),
-        recv(request="BYE", timeout_ms=40000),
-        OK_TO_REQUEST,
-    )
+    xml = call_ended_by_gateway("app", "app", offer_sdp(peer.port, ("PCMU",)))
     try:
         sipp = asyncio.ensure_future(run_sipp(xml, ("127.0.0.1", sip_port), tmp_path, call_id=cid))
         app = await attached_app(gw.ws_url, gw.token(tenant="sip"), cid, worker="1")

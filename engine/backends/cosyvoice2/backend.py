@@ -27,11 +27,11 @@ once with its caches.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
 import re
-import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,7 +68,7 @@ from engine.backends.cosyvoice2.voice import (
     encode,
 )
 from engine.ipc.env import ConfigError
-from engine.ipc.schema import VoiceInfo
+from engine.ipc.schema import MAX_INSTRUCT_CHARS, VoiceInfo
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,6 @@ BASE_VOICE: Final = "cosyvoice2"
 LANGUAGE: Final = "mul"
 DEFAULT_MAX_STREAMS: Final = 16
 MAX_TEXT_CHARS: Final = 400
-MAX_INSTRUCT_CHARS: Final = 200
 EMBEDDING_DIM: Final = 192
 # Emitted before each step: no audio, but the scheduler's answer says whether the stream
 # is still wanted, so a cancel stops its decoding at the next step, not its next chunk.
@@ -134,7 +133,6 @@ class CosyVoice2Voice:
 
     features: VoiceFeatures
     key: str
-    speed: float = 1.0
     instruct: str | None = None
 
 
@@ -143,7 +141,7 @@ class _Stream:
     """One job of a ``synthesize_batch`` call while it runs in the step loop."""
 
     emit: EmitFn
-    voice: CosyVoice2Voice
+    features: VoiceFeatures  # the voice's, with an instruction in place of its transcript
     llm: LlmState
     hops: Iterator[int]
     next_hop: int
@@ -199,7 +197,6 @@ class CosyVoice2Backend:
                     id=voice_id, language=LANGUAGE, name=f"CosyVoice2 {speaker}", backend=self.name
                 )
             )
-        self._lock = threading.Lock()
         log.info(
             "cosyvoice2: loaded %s (%s, %s) version %s, %d voices",
             settings.model_dir, device, self.model.dtype, self.version, len(self._voices),
@@ -288,24 +285,12 @@ class CosyVoice2Backend:
             # instruct2: the instruction replaces the reference transcript and the LLM
             # hears no reference speech; the flow model keeps the voice.
             prompt = self.front_end.text_tokens(voice.instruct + ENDOFPROMPT)
-            features = VoiceFeatures(
-                prompt,
-                features.speech_token,
-                features.speech_feat,
-                features.embedding,
-                features.model_version,
-            )
+            features = dataclasses.replace(features, prompt_text=prompt)
         text = self.front_end.text_tokens(job.text)
         seed = segment_seed(job.text, f"{voice.key}\x00{voice.instruct or ''}")
         state = self.decoder.start(text, features, seed, with_prompt_speech=not voice.instruct)
         hops = HopSchedule(chunk=self.vocoder.chunk).hops(features.speech_token.shape[1])
-        stream = _Stream(
-            emit,
-            CosyVoice2Voice(features, voice.key, voice.speed, voice.instruct),
-            state,
-            hops,
-            next(hops),
-        )
+        stream = _Stream(emit, features, state, hops, next(hops))
         self.vocoder.open(stream.stream_id)
         return stream
 
@@ -348,12 +333,12 @@ class CosyVoice2Backend:
             if len(tokens) - stream.offset >= stream.next_hop + lookahead:
                 end = stream.offset + stream.next_hop + lookahead
                 request = ChunkRequest(
-                    stream.stream_id, tokens[:end], stream.voice.features, stream.offset, False
+                    stream.stream_id, tokens[:end], stream.features, stream.offset, False
                 )
                 ready.append((stream, request))
             elif stream.llm.done:
                 request = ChunkRequest(
-                    stream.stream_id, list(tokens), stream.voice.features, stream.offset, True
+                    stream.stream_id, list(tokens), stream.features, stream.offset, True
                 )
                 ready.append((stream, request))
         pieces = self.vocoder.chunks_audio([request for _, request in ready])

@@ -15,7 +15,7 @@ generator (bug 4). Here every stream owns:
   and source samples, and the 160 ms held back for the cross-fade into the next chunk,
   which is what keeps chunk joins click-free).
 
-:func:`decode_step` advances every given stream by one token in one forward pass of the
+:meth:`Decoder.step` advances every given stream by one token in one forward pass of the
 Qwen2 body: new streams are prefilled alone (their prompts differ in length), streams
 already decoding are batched, their caches left-padded to the longest with the padding
 masked and each stream's own positions passed, then split back. Copying the caches in and
@@ -76,11 +76,15 @@ class LlmState:
     min_len: int
     max_len: int
     generator: torch.Generator
-    cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-    length: int = 0  # positions in the cache
+    cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer: [1, kv, L, d]
     tokens: list[int] = field(default_factory=list)
     steps: int = 0
     done: bool = False
+
+    @property
+    def length(self) -> int:
+        """Positions in the cache."""
+        return self.cache[0][0].shape[2] if self.cache else 0
 
 
 def segment_seed(text: str, voice_key: str) -> int:
@@ -109,7 +113,7 @@ def ras_sample(
 
 
 class Decoder:
-    """Runs LLM decode steps for many streams (:func:`decode_step` on one model)."""
+    """Runs LLM decode steps for many streams of one model (see the module docstring)."""
 
     def __init__(self, model: LoadedModel) -> None:
         self.model = model
@@ -185,7 +189,7 @@ class Decoder:
                 torch.arange(length, device=state.lm_input.device)[None, :],
                 None,
             )
-            state.cache, state.length = self._layers(out), length
+            state.cache = self._layers(out)
             hidden.append((state, out.last_hidden_state[0, -1]))
         if decoding:
             hidden.extend(zip(decoding, self._decode_batch(decoding), strict=True))
@@ -217,7 +221,6 @@ class Decoder:
                 (k[row : row + 1, :, -keep:].contiguous(), v[row : row + 1, :, -keep:].contiguous())
                 for k, v in new_layers
             ]
-            state.length = keep
         return [out.last_hidden_state[row, -1] for row in range(len(states))]
 
     def _sample(self, state: LlmState, hidden: torch.Tensor) -> None:

@@ -87,7 +87,6 @@ class Vocoder:
         self._lock = threading.Lock()
         self.lookahead = int(self.flow.pre_lookahead_len)
         self.chunk = int(self.flow.input_frame_rate)
-        self.widest = 0  # the most chunks one flow call carried
 
     def open(self, stream_id: str) -> None:
         with self._lock:
@@ -101,26 +100,12 @@ class Vocoder:
         with self._lock:
             return len(self._caches)
 
-    def chunk_audio(
-        self,
-        stream_id: str,
-        tokens: Sequence[int],
-        voice: VoiceFeatures,
-        offset: int,
-        *,
-        final: bool,
-    ) -> npt.NDArray[np.int16]:
-        """One stream's chunk (a batch of one)."""
-        return self.chunks_audio([ChunkRequest(stream_id, tokens, voice, offset, final)])[0]
-
     @torch.inference_mode()
     def chunks_audio(self, requests: Sequence[ChunkRequest]) -> list[npt.NDArray[np.int16]]:
         """Every request's audio, the flow model run once for all of them."""
         if not requests:
             return []
-        mels = self.mels(requests)
-        self.widest = max(self.widest, len(requests))
-        return self._vocode(requests, mels)
+        return self._vocode(requests, self.mels(requests))
 
     @torch.inference_mode()
     def mels(self, requests: Sequence[ChunkRequest]) -> list[torch.Tensor]:

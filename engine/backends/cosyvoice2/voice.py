@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
-import onnxruntime as ort
 import soxr
 import torch
 
 from engine.backends.cosyvoice2 import features
+from engine.backends.onnx_cpu import cpu_session
 
 BLOB_MAGIC: Final = b"CV2V1\n"
 MAX_REFERENCE_S: Final = 30.0  # the speech tokenizer's limit (upstream asserts it)
@@ -115,20 +115,13 @@ def decode(blob: bytes, model_version: str) -> VoiceFeatures:
     return voice
 
 
-def _session(path: Path) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
 class FrontEnd:
     """Computes :class:`VoiceFeatures` from 16 kHz PCM and its transcript (CPU: the ONNX
     models run on the CPU provider, as upstream runs campplus)."""
 
     def __init__(self, directory: Path, tokenizer: Any, model_version: str) -> None:
-        self._speech_tokenizer = _session(directory / "speech_tokenizer_v2.onnx")
-        self._campplus = _session(directory / "campplus.onnx")
+        self._speech_tokenizer = cpu_session(str(directory / "speech_tokenizer_v2.onnx"))
+        self._campplus = cpu_session(str(directory / "campplus.onnx"))
         self._tokenizer = tokenizer
         # Hugging Face's fast tokenizers are not safe to call from several threads at
         # once ("Already borrowed"); the scheduler's worker threads open streams at once.

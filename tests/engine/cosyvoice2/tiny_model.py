@@ -62,7 +62,6 @@ TINY: Final = ModelDims("tiny", 64, 32, 2, 2, 1, 64, 320, 2, 64, 1, 32, 16, 1, 1
 OFFICIAL: Final = ModelDims(
     "official", 6561, 896, 24, 14, 2, 4864, 151936, 8, 2048, 6, 256, 64, 4, 12, 8, 512, (3, 7, 11)
 )
-SPEECH_TOKENS: Final = TINY.speech_tokens
 
 
 def model_yaml(d: ModelDims) -> str:
