@@ -29,6 +29,12 @@ latency, which the gateway's admission control sees and acts on (queueing, then
 ``queue_timeout``), instead of as stutter spread over every call. One long text cannot
 starve short prompts, and each utterance's first segment is a short clause.
 
+Capacity: in a lane whose calls are independent (``independent_calls``: Piper), a new
+utterance starts only when the lane's measured pace says it fits without any call in
+progress (or itself) running out of audio (engine/capacity.py), and a playing stream's
+next segment that would come too late at that pace is cut into a piece that fits
+(:func:`engine.text.split_to_fit`).
+
 Back-pressure: audio goes into the stream's outbound ring. When the ring is full the
 rest of the segment waits in the stream's ``pending`` buffer, and the stream gets no new
 turn until ``pending`` has drained: a full ring never overwrites unread audio.
@@ -68,6 +74,7 @@ from engine.backends.base import (
     estimate_words,
 )
 from engine.backends.routing import BackendSet, RoutedVoice
+from engine.capacity import COST_FACTOR, MARGIN_S, Pace, StreamWork, can_start
 from engine.ipc.boundaries import BoundaryWriter
 from engine.ipc.ring import SpscRing
 from engine.ipc.schema import (
@@ -82,7 +89,7 @@ from engine.ipc.schema import (
     VoicePrepareFailed,
     WordTime,
 )
-from engine.text import SegmentSplitter
+from engine.text import MIN_FIT_CHARS, SegmentSplitter, split_to_fit
 from telephony.codecs.resample import StreamingResampler
 
 MAX_WORD_CHARS = 64  # a "word" longer than this (a URL read out) is cut in the event
@@ -100,6 +107,9 @@ IDLE_WAIT_S = 0.5
 RESERVE_FACTOR = 3.0
 RESERVE_FLOOR_S = 0.2
 PACE_SMOOTHING = 0.2  # weight of the newest batch in a lane's seconds per character
+# Seconds of audio per character of text before a lane has measured its own (English
+# speech is about 14 characters a second).
+AUDIO_PER_CHAR_PRIOR = 0.07
 
 
 @dataclass
@@ -129,6 +139,12 @@ class _Lane:
     in_flight: int = 0  # batches handed to the workers and not yet done
     # Recent wall time of a call per character of its longest segment (the padded length).
     seconds_per_char: float = 0.0
+    audio_per_char: float = 0.0  # recent seconds of audio per character of text
+    # New utterances start only when they fit (engine/capacity.py): set for backends
+    # whose calls are independent (``independent_calls``).
+    gated: bool = False
+    running: dict[int, float] = field(default_factory=dict)  # id(batch) -> expected end
+    streams: dict[int, _Stream] = field(default_factory=dict)  # slot -> its open stream
     jobs: queue.SimpleQueue[_Batch | None] = field(default_factory=queue.SimpleQueue)
     workers: list[threading.Thread] = field(default_factory=list)
 
@@ -146,6 +162,9 @@ class _Stream:
     bytes_per_second: int
     sample_rate: int
     busy: bool = False  # a segment of it is with a lane's worker
+    busy_until: float = 0.0  # when that segment is expected done (monotonic)
+    busy_audio_s: float = 0.0  # and the audio it is expected to give
+    audio_per_char: float = 0.0  # this stream's recent seconds of audio per character
     utterances: deque[_Utterance] = field(default_factory=deque)
     pending: bytearray = field(default_factory=bytearray)
     # Utterance ends not yet in the boundaries ring (it was full): block later audio.
@@ -263,8 +282,14 @@ class Scheduler:
         tap_directory: str | None = None,
         reserve_factor: float = RESERVE_FACTOR,
         reserve_floor_s: float = RESERVE_FLOOR_S,
+        cost_factor: float = COST_FACTOR,
+        margin_s: float = MARGIN_S,
+        on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._tap_directory = tap_directory
+        self._on_fatal = on_fatal
+        self._cost_factor = cost_factor
+        self._margin_s = margin_s
         self._reserve_factor = reserve_factor
         self._reserve_floor_s = reserve_floor_s
         self._backends = backends
@@ -272,6 +297,7 @@ class Scheduler:
         for backend in backends.members:
             if isinstance(backend, BatchSynthesizer):
                 lane = _Lane(backend, backend, max(1, backend.threads), max(1, backend.max_batch))
+                lane.gated = bool(getattr(backend, "independent_calls", False))
             else:
                 lane = _Lane(backend, None)
             self._lanes[id(backend)] = lane
@@ -398,6 +424,18 @@ class Scheduler:
     # --- worker thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        """The coordinator thread. A bug here would leave every stream silent for good,
+        so an exception is logged and handed to ``on_fatal`` (the engine exits and its
+        supervisor starts a new one) instead of ending the thread quietly."""
+        try:
+            self._coordinate()
+        except Exception as exc:
+            log.critical("the scheduler failed", exc_info=True)
+            if self._on_fatal is None:
+                raise
+            self._on_fatal(exc)
+
+    def _coordinate(self) -> None:
         stats_at = 0.0
         while not self._stopping:
             # After a flush only streams waiting for ring space stay dirty.
@@ -460,7 +498,11 @@ class Scheduler:
         if isinstance(command, _Open):
             stream = command.stream
             stream.generation = self._generations.get(stream.slot, 0)
+            previous = self._streams.get(stream.slot)
+            if previous is not None:
+                previous.lane.streams.pop(stream.slot, None)
             self._streams[stream.slot] = stream
+            stream.lane.streams[stream.slot] = stream
         elif isinstance(command, _Speak):
             self._accept_text(command)
         else:
@@ -551,6 +593,7 @@ class Scheduler:
         stream.generation = self._generations.get(stream.slot, 0)
         if command.close:
             del self._streams[stream.slot]
+            stream.lane.streams.pop(stream.slot, None)
             if stream.tap is not None:
                 stream.tap.close()
             self._on_event(stream.owner, StreamClosed(stream_id=stream.stream_id, slot=stream.slot))
@@ -577,12 +620,74 @@ class Scheduler:
         its next segment."""
         head = stream.utterances[0]
         buffered = stream.ring.readable_bytes() / stream.bytes_per_second
-        if buffered == 0.0 and head.start_pos is None:
+        if self._is_new(stream):
             return (1, head.arrived_at)  # a new utterance, nothing playing
         expected = stream.lane.seconds_per_char * len(head.segments[0])
         slack = buffered - expected
         at_risk = buffered < self._reserve_factor * expected + self._reserve_floor_s
         return (0 if at_risk else 2, slack)
+
+    @staticmethod
+    def _is_new(stream: _Stream) -> bool:
+        """Its head utterance has not begun and nothing of the stream is playing."""
+        head = stream.utterances[0]
+        return (
+            head.start_pos is None
+            and not stream.busy
+            and not stream.pending
+            and stream.ring.readable_bytes() == 0
+        )
+
+    def _can_start(self, lane: _Lane, stream: _Stream, forming: list[_Stream]) -> bool:
+        """Whether the new utterance of ``stream`` fits in ``lane`` now
+        (engine/capacity.py); ``forming`` are the streams of the batch being formed."""
+        committed = [
+            s
+            for s in lane.streams.values()
+            if s is not stream
+            and (s.busy or (s.utterances and s.utterances[0].segments and not self._is_new(s)))
+        ]
+        if lane.seconds_per_char == 0.0:  # no pace yet: one new utterance per worker
+            return sum(s.busy for s in committed) < lane.threads
+        now = time.monotonic()
+        ends = list(lane.running.values())
+        if forming:
+            ends.append(max(s.busy_until for s in forming))
+        workers = [max(0.0, end - now) for end in ends]
+        workers += [0.0] * (lane.threads - len(workers))
+        return can_start(
+            StreamWork(self._segment_chars(stream)),
+            [self._remaining_work(s, now) for s in committed],
+            workers_free_in=workers,
+            pace=Pace(lane.seconds_per_char, lane.audio_per_char or AUDIO_PER_CHAR_PRIOR),
+            cost_factor=self._cost_factor,
+            margin_s=self._margin_s,
+            min_piece_chars=MIN_FIT_CHARS,
+        )
+
+    @staticmethod
+    def _segment_chars(stream: _Stream) -> tuple[int, ...]:
+        return tuple(len(segment) for u in stream.utterances for segment in u.segments)
+
+    def _remaining_work(self, stream: _Stream, now: float) -> StreamWork:
+        """What ``stream`` still needs from its lane (engine/capacity.py)."""
+        unplayed = stream.ring.readable_bytes() + len(stream.pending)
+        return StreamWork(
+            self._segment_chars(stream),
+            unplayed_s=unplayed / stream.bytes_per_second,
+            heard=bool(stream.utterances) and stream.utterances[0].start_pos is not None,
+            in_flight_s=max(0.0, stream.busy_until - now) if stream.busy else None,
+            in_flight_audio_s=stream.busy_audio_s,
+            audio_per_char=stream.audio_per_char or None,
+        )
+
+    @staticmethod
+    def _observe_audio(lane: _Lane, stream: _Stream, seconds: float, chars: int) -> None:
+        if chars > 0 and seconds > 0.0:
+            rate = seconds / chars
+            for holder in (lane, stream):
+                old = holder.audio_per_char
+                holder.audio_per_char = rate if old == 0.0 else old + PACE_SMOOTHING * (rate - old)
 
     @staticmethod
     def _observe_pace(lane: _Lane, seconds: float, chars: int) -> None:
@@ -631,14 +736,12 @@ class Scheduler:
                 if not candidates:
                     break
                 candidates.sort(key=self._urgency)
-                key = batch.batch_key(self._handle(candidates[0]))
-                chosen = [s for s in candidates if batch.batch_key(self._handle(s)) == key][
-                    : lane.max_batch
-                ]
+                chosen = self._choose(lane, batch, candidates)
+                if not chosen:
+                    break  # only new utterances that do not fit yet
                 jobs = []
                 for stream in chosen:
                     utterance = stream.utterances[0]
-                    stream.busy = True
                     jobs.append(
                         _Job(
                             stream.slot,
@@ -652,7 +755,59 @@ class Scheduler:
                         )
                     )
                 lane.in_flight += 1
-                lane.jobs.put(_Batch(lane, tuple(jobs)))
+                work = _Batch(lane, tuple(jobs))
+                lane.running[id(work)] = max(s.busy_until for s in chosen)
+                lane.jobs.put(work)
+
+    def _choose(
+        self, lane: _Lane, batch: BatchSynthesizer, candidates: list[_Stream]
+    ) -> list[_Stream]:
+        """The next batch: the most urgent ready streams of one model, up to
+        ``max_batch``, each marked busy. In a gated lane new utterances start in order of
+        arrival and only while they fit (:meth:`_can_start`)."""
+        chosen: list[_Stream] = []
+        key: object = None
+        may_start = True
+        for stream in candidates:
+            if len(chosen) == lane.max_batch:
+                break
+            stream_key = batch.batch_key(self._handle(stream))
+            if chosen and stream_key != key:
+                continue
+            if lane.gated and self._is_new(stream):
+                may_start = may_start and self._can_start(lane, stream, chosen)
+                if not may_start:
+                    continue
+            elif lane.gated:
+                self._fit_next_segment(lane, stream)
+            key = stream_key
+            self._mark_busy(lane, stream)
+            chosen.append(stream)
+        return chosen
+
+    def _fit_next_segment(self, lane: _Lane, stream: _Stream) -> None:
+        """Cut the next segment of a playing stream when, at the lane's pace, it would not
+        be ready before the stream's unplayed audio runs out: its first piece goes now, the
+        rest next (a slow or loaded machine would otherwise stutter at a long segment that
+        follows a short opening)."""
+        head = stream.utterances[0]
+        if lane.seconds_per_char == 0.0 or head.start_pos is None:
+            return
+        unplayed = (stream.ring.readable_bytes() + len(stream.pending)) / stream.bytes_per_second
+        budget = (unplayed - self._margin_s) / (lane.seconds_per_char * self._cost_factor)
+        if len(head.segments[0]) > budget:
+            pieces = split_to_fit(head.segments[0], int(budget))
+            if len(pieces) > 1:
+                head.segments.popleft()
+                head.segments.extendleft(reversed(pieces))
+
+    @staticmethod
+    def _mark_busy(lane: _Lane, stream: _Stream) -> None:
+        chars = len(stream.utterances[0].segments[0])
+        rate = stream.audio_per_char or lane.audio_per_char or AUDIO_PER_CHAR_PRIOR
+        stream.busy = True
+        stream.busy_until = time.monotonic() + lane.seconds_per_char * chars
+        stream.busy_audio_s = rate * chars
 
     def _work(self, lane: _Lane) -> None:
         """A lane's worker thread: run batches, send the audio back as commands."""
@@ -724,6 +879,7 @@ class Scheduler:
 
     def _batch_done(self, done: _BatchDone) -> None:
         done.batch.lane.in_flight -= 1
+        done.batch.lane.running.pop(id(done.batch), None)
         if done.error is None:  # a padded batch takes as long as its longest segment
             self._observe_pace(
                 done.batch.lane, done.seconds, max(len(job.text) for job in done.batch.jobs)
@@ -741,10 +897,12 @@ class Scheduler:
             current = self._current(job)
             if current is not None and done.error is not None:
                 self._fail(current[0], current[1], *done.error)
-            elif current is not None and job not in self._timed_jobs:
+            elif current is not None:
                 stream, utterance = current
                 span = utterance.native_s - job.offset_s
-                self._words(stream, utterance, job.offset_s, estimate_words(job.text, span))
+                self._observe_audio(stream.lane, stream, span, len(job.text))
+                if job not in self._timed_jobs:
+                    self._words(stream, utterance, job.offset_s, estimate_words(job.text, span))
             self._timed_jobs.discard(job)
 
     def _renew_resampler(self, stream: _Stream) -> None:

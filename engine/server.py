@@ -47,6 +47,17 @@ log = logging.getLogger(__name__)
 SUPPORTED_RATES = frozenset({8000, 12000, 16000, 22050, 24000, 44100, 48000})
 
 
+#: The engine's exit status when its scheduler fails (EX_SOFTWARE): the supervisor starts a
+#: new engine; the gateways see the control connection close and end their sessions.
+EXIT_SCHEDULER_FAILED = 70
+
+
+def _exit_on_scheduler_failure(exc: BaseException) -> None:
+    log.critical("engine exiting: the scheduler failed (%r)", exc)
+    logging.shutdown()
+    os._exit(EXIT_SCHEDULER_FAILED)
+
+
 def resident_memory_bytes() -> int:
     """This process's resident set size, from /proc (0 where unavailable)."""
     try:
@@ -307,6 +318,7 @@ class EngineServer:
             self._from_worker,
             max_text_chars=backend.max_text_chars,
             tap_directory=os.environ.get("ENGINE_PCM_TAP_DIR") or None,
+            on_fatal=_exit_on_scheduler_failure,
         )
         self.vad = VadWorker(
             self._from_worker,

@@ -535,3 +535,32 @@ def _limit(segment: str, max_chars: int) -> list[str]:
         segment = segment[cut:].strip(" ,")
     pieces.append(segment)
     return pieces
+
+
+#: The shortest first piece :func:`split_to_fit` cuts (a few words: shorter pieces sound
+#: chopped and cost more per character).
+MIN_FIT_CHARS: Final = 24
+
+
+def split_to_fit(segment: str, max_chars: int) -> list[str]:
+    """``segment`` (spoken form) as a first piece of at most ``max_chars`` characters
+    (a window of at least :data:`MIN_FIT_CHARS`) and the rest: cut after the last clause mark of
+    that window when it is in its second half, else at its last word boundary. The rest
+    keeps at least :data:`MIN_FIT_CHARS` too (no stranded last word). ``[segment]`` when
+    it fits or has no such cut."""
+    if len(segment) <= max(max_chars, MIN_FIT_CHARS):
+        return [segment]
+    max_chars = min(max(max_chars, MIN_FIT_CHARS), len(segment) - MIN_FIT_CHARS)
+    if max_chars < MIN_FIT_CHARS:
+        return [segment]
+    window = segment[: max_chars + 1]
+    cut = max(window.rfind(mark, 0, max_chars) + 1 for mark in ",:;")
+    if cut <= max_chars // 2:
+        cut = window.rfind(" ")
+        if cut <= 0 and any(_is_cjk(ch) for ch in window):
+            ends = [e for e in word_ends(window) if 0 < e <= max_chars]
+            cut = ends[-1] if ends else 0
+    first, rest = segment[:cut].strip(), segment[cut:].strip(" ,")
+    if cut <= 0 or not (_has_speech(first) and _has_speech(rest)):
+        return [segment]
+    return [first, rest]

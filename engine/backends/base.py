@@ -155,6 +155,10 @@ class BatchSynthesizer(Protocol):
 
     max_batch: int  # the most jobs one call takes
     threads: int  # how many calls may run at once
+    # Optional ``independent_calls`` (class attribute, default False): a call costs the same
+    # whatever runs beside it (one call per core), so the scheduler can tell from the
+    # lane's pace whether a new utterance fits (engine/capacity.py) and holds it back
+    # when it does not. A step loop batching every stream (CosyVoice2) does not qualify.
 
     def batch_key(self, voice: object) -> object:
         """Jobs batch together only when their voices' keys are equal (one model)."""

@@ -478,6 +478,7 @@ class PiperBackend:
     """Piper voices. ``threads`` runs may go on at once, ``max_batch`` segments each."""
 
     name = "piper"
+    independent_calls = True  # one ONNX Runtime run per worker thread, one core each
     max_text_chars = 5000
 
     def __init__(

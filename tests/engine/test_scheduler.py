@@ -990,3 +990,125 @@ def test_an_utterance_s_instruction_is_refused_by_a_backend_that_takes_none(harn
     assert isinstance(failed, UtteranceFailed) and failed.code == "instruct_unsupported"
     harness.scheduler.speak(0, 2, "Hello.", True)  # the stream goes on
     assert isinstance(harness.events.wait(UtteranceEnd, 6, 2).message, UtteranceEnd)
+
+
+# -------------------------------------------------- capacity: starts held back, long cuts
+
+
+class PacedBatchBackend(SyntheticBackend):
+    """Tones at a fixed worker cost per character, one call per worker thread (as
+    Piper): the scheduler holds new utterances back when they do not fit
+    (engine/capacity.py). Records each job's text."""
+
+    independent_calls = True
+    max_batch = 1
+
+    def __init__(self, seconds_per_char: float, threads: int = 1) -> None:
+        super().__init__()
+        self.seconds_per_char = seconds_per_char
+        self.threads = threads
+        self.texts: list[str] = []
+
+    def batch_key(self, voice: object) -> object:
+        return "one"
+
+    def synthesize_batch(self, jobs: Sequence[SynthesisJob], emit: BatchEmit) -> None:
+        for index, job in enumerate(jobs):
+            self.texts.append(job.text)
+            time.sleep(self.seconds_per_char * len(job.text))
+            emit(index, np.full(len(job.text) * SAMPLES_PER_CHAR, 1000, dtype=np.int16))
+
+
+def play_in_real_time(harness: Harness, slots: Sequence[int], timeout: float) -> dict[int, float]:
+    """Read each slot's ring as a telephone would, 20 ms a tick from its first audio on,
+    until its utterance 1 has ended and been read. Returns per slot the seconds its
+    playback was short of audio (a stutter) after it began."""
+    frame = 2 * NATIVE_RATE // 50
+    began: dict[int, float] = {}
+    short = dict.fromkeys(slots, 0.0)
+    done: set[int] = set()
+    deadline = time.monotonic() + timeout
+    tick = time.monotonic()
+    while len(done) < len(slots) and time.monotonic() < deadline:
+        tick += 0.02
+        time.sleep(max(0.0, tick - time.monotonic()))
+        ends = {
+            m.stream_id: m.end_pos for m in harness.events.messages() if isinstance(m, UtteranceEnd)
+        }
+        for slot in slots:
+            ring = harness.rings[slot]
+            if slot in done:
+                continue
+            if slot not in began:
+                if ring.readable_bytes() == 0:
+                    continue
+                began[slot] = tick
+            end = ends.get(harness.stream_ids[slot])
+            got = len(ring.read(frame))
+            if end is not None and ring.read_pos >= end:
+                done.add(slot)
+            elif got < frame:
+                short[slot] += 0.02 * (frame - got) / frame
+    assert done == set(slots), f"not finished: {set(slots) - done}"
+    return short
+
+
+@pytest.mark.realtime
+def test_past_capacity_new_utterances_wait_and_none_that_started_stutters(make_harness):
+    # 10 ms of work per character (60 ms of audio): one worker keeps about 6 calls
+    # going; 12 ask at once, three sentences each. Without the capacity check they all
+    # start, their later segments pile up, and every call stutters (0.02-0.42 s here).
+    backend = PacedBatchBackend(seconds_per_char=0.01)
+    harness = make_harness(backend)
+    slots = range(12)
+    text = (
+        "This is the first part of it all, you see. Here comes the second part of it now. "
+        "And this is the end of all of it."
+    )
+    for slot in slots:
+        harness.open(slot)
+        harness.scheduler.speak(slot, 1, text, True)
+    short = play_in_real_time(harness, slots, timeout=30.0)
+    assert max(short.values()) == 0.0, short
+    starts = sorted(e.at for e in harness.events.events() if isinstance(e.message, UtteranceAudio))
+    # Not all at once: the last start waited for earlier calls to finish synthesizing.
+    assert starts[-1] - starts[0] > 1.0, starts
+
+
+@pytest.mark.realtime
+def test_a_long_segment_is_cut_when_it_would_come_too_late(make_harness):
+    # A short opening (1.7 s of audio) and a 130-character sentence that takes 1.95 s at
+    # this pace: whole, it would end after the opening has played; it goes in pieces.
+    backend = PacedBatchBackend(seconds_per_char=0.015)
+    harness = make_harness(backend)
+    harness.open(0)
+    opening = "Good morning, caller."
+    rest = (
+        "Your call matters to us, so please stay on the line and the next available "
+        "agent will be with you very shortly, thank you for waiting."
+    )
+    harness.scheduler.speak(0, 1, f"{opening} {rest}", True)
+    short = play_in_real_time(harness, [0], timeout=15.0)
+    assert short[0] == 0.0
+    whole = SegmentSplitter().feed(f"{opening} {rest}")
+    assert len(backend.texts) > len(whole) and all(len(t) < len(rest) for t in backend.texts)
+    assert " ".join(backend.texts).replace(",", "") == f"{opening} {rest}".replace(",", "")
+
+
+def test_a_failing_coordinator_is_reported_not_silent(monkeypatch):
+    failures: list[BaseException] = []
+    scheduler = Scheduler(
+        BackendSet([SyntheticBackend()]),
+        EventLog(),
+        max_text_chars=100,
+        on_fatal=failures.append,
+    )
+
+    def broken() -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(scheduler, "_flush_all", broken)
+    scheduler.start()
+    scheduler._thread.join(WAIT_S)
+    scheduler.stop()
+    assert [str(f) for f in failures] == ["a bug"]

@@ -18,10 +18,12 @@ from engine.normalize import spoken
 from engine.text import (
     FIRST_SEGMENT_MAX_CJK_CHARS,
     FIRST_SEGMENT_MAX_WORDS,
+    MIN_FIT_CHARS,
     SegmentSplitter,
     _limit,
     map_characters,
     normalize,
+    split_to_fit,
 )
 
 PLAIN = "x-plain"  # no normalization rules: segments stay as written
@@ -787,3 +789,51 @@ def test_release_speaks_the_complete_words_of_a_stalled_stream_and_keeps_the_las
     one_word = SegmentSplitter()
     assert one_word.feed("Hello") == [] and one_word.release() == []  # nothing complete
     assert one_word.feed(" there.") == [] and one_word.flush() == ["Hello there."]
+
+
+# ------------------------------------------------------------------- split_to_fit
+
+SENTENCE = (
+    "Your call is important to us, so please stay on the line and the next available "
+    "agent will be with you shortly."
+)
+
+
+@pytest.mark.parametrize(
+    ("max_chars", "expected"),
+    [
+        (200, [SENTENCE]),  # it fits
+        (
+            60,  # the comma is in the window's first half: cut at the last space
+            [
+                "Your call is important to us, so please stay on the line and",
+                "the next available agent will be with you shortly.",
+            ],
+        ),
+        (40, ["Your call is important to us,", "so please stay on the line and the next "
+              "available agent will be with you shortly."]),  # after the clause mark
+        (5, ["Your call is important", "to us, so please stay on the line and the next "
+             "available agent will be with you shortly."]),  # a window of MIN_FIT_CHARS
+        (110, ["Your call is important to us, so please stay on the line and the next "
+               "available agent", "will be with you shortly."]),  # the rest keeps 24 too
+    ],
+)  # fmt: skip
+def test_split_to_fit(max_chars, expected):
+    assert split_to_fit(SENTENCE, max_chars) == expected
+
+
+def test_split_to_fit_leaves_what_it_cannot_cut():
+    assert split_to_fit("a" * 80, 30) == ["a" * 80]  # no boundary
+    assert split_to_fit("Press one for billing, two for sales.", 20) == [
+        "Press one for billing, two for sales."
+    ]  # a rest under MIN_FIT_CHARS
+
+
+def test_split_to_fit_cuts_chinese_between_words():
+    text = (
+        "请稍候我们将尽快为您转接人工服务感谢您的耐心等待"
+        "祝您生活愉快再见欢迎下次再来请按一号键查询余额谢谢您的来电"
+    )
+    first, rest = split_to_fit(text, 24)
+    assert first + rest == text and len(first) <= 24 and len(rest) >= MIN_FIT_CHARS
+    assert first.endswith("等待")

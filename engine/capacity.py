@@ -1,0 +1,137 @@
+"""Whether a lane can start one more utterance without making a call it already speaks
+stutter: admission by the engine's measured capacity (sans-I/O, no clock of its own).
+
+A lane whose calls are independent (Piper: one call per worker thread, one core each)
+knows its pace: a worker's wall seconds per character of a segment, and the seconds of
+audio a character gives. Every stream the lane already speaks for (**committed**: its
+utterance has begun and has text left to synthesize) needs each of its remaining
+segments before the audio it holds runs out. :func:`can_start` replays the lane's known
+work on its workers, the new utterance's first segment first (the scheduler serves new
+utterances before streams that are comfortably ahead), then each ready segment by the
+time its stream's audio runs out. The newcomer may start when no stream, itself
+included, would run dry: calls already speaking stay whole, and a newcomer starts only
+when its own later segments can follow in time. Otherwise it waits (first-audio latency,
+which the gateway's admission control sees and acts on).
+
+A lane cuts a playing stream's next segment that would come too late into a piece that
+fits (``min_piece_chars`` and more, ``engine.text.split_to_fit``); the replay does the
+same.
+
+The replay is an estimate: costs are scaled by ``cost_factor`` and a segment must arrive
+``margin_s`` before its stream's audio runs out. A lane with nothing committed always
+starts its next utterance (nothing to protect; waiting would never end).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: Default safety of the replay (see the module docstring).
+COST_FACTOR = 1.25
+MARGIN_S = 0.1
+
+
+@dataclass(frozen=True)
+class Pace:
+    seconds_per_char: float  # a worker's wall seconds per character of a segment
+    audio_per_char: float  # seconds of audio per character of text
+
+
+@dataclass(frozen=True)
+class StreamWork:
+    """One stream's synthesis still to do, as its lane sees it now."""
+
+    segments: tuple[int, ...]  # characters of each segment not yet begun, in order
+    unplayed_s: float = 0.0  # audio produced and not yet heard
+    heard: bool = False  # some of the utterance has been produced (it is playing)
+    in_flight_s: float | None = None  # a segment in flight: seconds until it is done
+    in_flight_audio_s: float = 0.0  # ... and the audio it adds
+    audio_per_char: float | None = None  # the stream's own measured rate, else the pace's
+
+
+def can_start(
+    new: StreamWork,
+    committed: Sequence[StreamWork],
+    *,
+    workers_free_in: Sequence[float],
+    pace: Pace,
+    cost_factor: float = COST_FACTOR,
+    margin_s: float = MARGIN_S,
+    min_piece_chars: int | None = None,
+) -> bool:
+    """True when ``new`` may start now (see the module docstring). ``workers_free_in``
+    has one entry per worker: seconds until it is free (0: idle). ``min_piece_chars``:
+    the lane cuts a heard stream's segment that would come too late into a piece that
+    fits, of at least this many characters (None: segments are never cut)."""
+    if not committed:
+        return True
+    return not run_dry(
+        [*committed, new], workers_free_in, pace, cost_factor, margin_s, min_piece_chars
+    )
+
+
+def run_dry(
+    streams: Sequence[StreamWork],
+    workers_free_in: Sequence[float],
+    pace: Pace,
+    cost_factor: float = COST_FACTOR,
+    margin_s: float = MARGIN_S,
+    min_piece_chars: int | None = None,
+) -> set[int]:
+    """Indexes of ``streams`` whose audio would run out before a segment arrives, when
+    the lane's workers do their known work: a stream that has not been heard yet goes
+    first, the others by when their audio runs out (see the module docstring)."""
+    char_cost = pace.seconds_per_char * cost_factor
+    free = sorted(max(0.0, f) for f in workers_free_in) or [0.0]
+    heapq.heapify(free)
+    plays_until = [s.unplayed_s for s in streams]
+    heard = [s.heard for s in streams]
+    rate = [s.audio_per_char or pace.audio_per_char for s in streams]
+    left = [list(s.segments) for s in streams]
+    # Streams waiting for a segment in flight: (done at, index, audio it adds).
+    arrivals: list[tuple[float, int, float]] = []
+    ready: list[tuple[int, float, int]] = []  # (0 if never heard, plays until, index)
+    for i, s in enumerate(streams):
+        if s.in_flight_s is not None:
+            arrivals.append((max(0.0, s.in_flight_s), i, s.in_flight_audio_s))
+        elif left[i]:
+            ready.append((1 if heard[i] else 0, plays_until[i], i))
+    heapq.heapify(arrivals)
+    heapq.heapify(ready)
+    dry: set[int] = set()
+
+    def arrive(at: float, i: int, audio_s: float) -> None:
+        if heard[i] and at > plays_until[i] - margin_s:
+            dry.add(i)
+        plays_until[i] = max(plays_until[i], at) + audio_s
+        heard[i] = True
+        if left[i]:
+            heapq.heappush(ready, (1, plays_until[i], i))
+
+    while ready or arrivals:
+        worker = heapq.heappop(free)
+        while arrivals and arrivals[0][0] <= worker:
+            arrive(*heapq.heappop(arrivals))
+        if not ready:  # idle until the next segment in flight arrives
+            if not arrivals:
+                break
+            at, i, audio_s = heapq.heappop(arrivals)
+            arrive(at, i, audio_s)
+            worker = at
+            if not ready:
+                heapq.heappush(free, worker)
+                continue
+        _, _, i = heapq.heappop(ready)
+        chars = left[i].pop(0)
+        if min_piece_chars is not None and heard[i] and char_cost > 0.0:
+            fits = int((plays_until[i] - margin_s - worker) / char_cost)
+            piece = max(fits, min_piece_chars)
+            if piece < chars:  # the lane cuts it: a piece now, the rest next
+                left[i].insert(0, chars - piece)
+                chars = piece
+        done = worker + chars * char_cost
+        heapq.heappush(arrivals, (done, i, chars * rate[i]))
+        heapq.heappush(free, done)
+    return dry

@@ -1,0 +1,90 @@
+"""Tests for engine.capacity: whether a lane can start one more utterance."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+import pytest
+
+from engine.capacity import Pace, StreamWork, can_start, run_dry
+
+# A worker spends 10 ms per character; a character is 60 ms of audio (rtf 1/6). No
+# safety margins, so the arithmetic in each case is exact.
+PACE = Pace(seconds_per_char=0.01, audio_per_char=0.06)
+
+
+class Margins(TypedDict):
+    cost_factor: float
+    margin_s: float
+
+
+EXACT: Margins = {"cost_factor": 1.0, "margin_s": 0.0}
+
+
+def playing(unplayed_s: float, *segments: int, in_flight_s: float | None = None) -> StreamWork:
+    return StreamWork(segments, unplayed_s=unplayed_s, heard=True, in_flight_s=in_flight_s)
+
+
+@pytest.mark.parametrize(
+    ("case", "committed", "workers", "new", "expected"),
+    [
+        ("nothing committed: always", [], [0.0], (500, 500), True),
+        ("ample buffer", [playing(3.0, 50)], [0.0], (20, 50), True),
+        # The newcomer's 20 characters (0.2 s) go first: the committed stream's 50
+        # (0.5 s) would end at 0.7 s, after its 0.6 s of audio.
+        ("pushes a speaking call past its audio", [playing(0.6, 50)], [0.0], (20,), False),
+        ("two workers share it", [playing(0.6, 50)], [0.0, 0.0], (20,), True),
+        ("a busy worker is not free", [playing(0.6, 50)], [0.3, 0.0], (20,), False),
+        # Alone it is fine: 20 chars give 1.2 s of audio, the next 100 take 1.0 s. Behind
+        # a committed stream's 50 (0.5 s, due first) the 100 end at 1.7 s > 0.2 + 1.2.
+        ("its own next segment would come late", [playing(1.3, 50)], [0.0], (20, 100), False),
+        ("alone it keeps up", [playing(9.0)], [0.0], (20, 100), True),
+        ("several calls in time", [playing(4.0, 40), playing(5.0, 40)], [0.0], (20, 40), True),
+        ("a call already running dry blocks starts", [playing(0.1, 50)], [0.0], (10,), False),
+    ],
+)  # fmt: skip
+def test_can_start(case, committed, workers, new, expected):
+    verdict = can_start(StreamWork(new), committed, workers_free_in=workers, pace=PACE, **EXACT)
+    assert verdict is expected, case
+
+
+def test_a_segment_in_flight_adds_its_audio_when_it_is_done():
+    # 0.2 s left to play, a segment in flight done in 0.1 s adding 1 s: the next 50
+    # characters (0.5 s) are due at 1.2 s and done at 0.6 s.
+    stream = StreamWork((50,), unplayed_s=0.2, heard=True, in_flight_s=0.1, in_flight_audio_s=1.0)
+    assert run_dry([stream], [0.1], PACE, **EXACT) == set()
+    late = StreamWork((50,), unplayed_s=0.2, heard=True, in_flight_s=0.3, in_flight_audio_s=1.0)
+    assert run_dry([late], [0.3], PACE, **EXACT) == {0}  # in flight past its audio
+
+
+def test_a_stream_not_yet_heard_cannot_run_dry_on_its_first_segment():
+    assert run_dry([StreamWork((500,))], [0.0], PACE, **EXACT) == set()
+
+
+def test_cutting_long_segments_is_replayed():
+    # 0.5 s of audio left, next segment 100 characters (1 s): late whole; cut into a
+    # piece that fits (the lane's split_to_fit) it keeps up: 40 chars in 0.4 s give 2.4 s.
+    stream = playing(0.5, 100)
+    assert run_dry([stream], [0.0], PACE, **EXACT) == {0}
+    assert run_dry([stream], [0.0], PACE, **EXACT, min_piece_chars=10) == set()
+    # A piece can be no shorter than min_piece_chars: 60 chars take 0.6 s > 0.5 s.
+    assert run_dry([stream], [0.0], PACE, **EXACT, min_piece_chars=60) == {0}
+
+
+def test_the_stream_s_own_rate_counts():
+    slow_speaker = StreamWork((50, 50), unplayed_s=0.0, heard=False, audio_per_char=0.2)
+    assert run_dry([slow_speaker], [0.0], PACE, **EXACT) == set()
+    fast_speaker = StreamWork((50, 100), unplayed_s=0.0, heard=False, audio_per_char=0.015)
+    assert run_dry([fast_speaker], [0.0], PACE, **EXACT) == {0}
+
+
+def test_safety_margins_make_it_stricter():
+    committed = [playing(0.75, 50)]  # exact: 0.2 + 0.5 = 0.7 s <= 0.75 s
+    assert can_start(StreamWork((20,)), committed, workers_free_in=[0.0], pace=PACE, **EXACT)
+    assert not can_start(
+        StreamWork((20,)), committed, workers_free_in=[0.0], pace=PACE, cost_factor=1.25
+    )
+    assert not can_start(
+        StreamWork((20,)), committed, workers_free_in=[0.0], pace=PACE, cost_factor=1.0,
+        margin_s=0.1,
+    )  # fmt: skip
