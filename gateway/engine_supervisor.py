@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from engine.ipc.client import EngineClient, EngineUnavailable
 from engine.ipc.env import shm_directory
 from gateway.errors import IllegalTransition
+from gateway.restart_backoff import RestartBackoff
 
 log = logging.getLogger(__name__)
 
@@ -128,18 +129,17 @@ class EngineSupervisor:
             self._tmpdir.cleanup()
 
     async def _supervise(self) -> None:
-        backoff = self.settings.backoff_initial
+        backoff = RestartBackoff(
+            self.settings.backoff_initial, self.settings.backoff_max, self.settings.stable_after
+        )
         while True:
             self._transition(EngineState.STARTING, "starting" if not self.restarts else "restart")
             started = time.monotonic()
             reason = await self._run_once()
             ran_for = time.monotonic() - started
             self._transition(EngineState.BACKOFF, reason)
-            if ran_for > self.settings.stable_after:
-                backoff = self.settings.backoff_initial
             self.restarts += 1
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.settings.backoff_max)
+            await asyncio.sleep(backoff.after_exit(ran_for))
 
     async def _run_once(self) -> str:
         """One engine lifetime: start it, serve while healthy, return why it ended."""

@@ -49,6 +49,7 @@ from gateway.config import GatewaySettings
 from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
 from gateway.errors import IllegalTransition
 from gateway.metrics import MULTIPROC_ENV
+from gateway.restart_backoff import RestartBackoff
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,6 @@ RUN_DIR_ENV = "GATEWAY_RUN_DIR"
 #: Settings of listeners that only worker 0 runs.
 FIRST_WORKER_ONLY = ("GATEWAY_SIP_LISTEN", "GATEWAY_AUDIOSOCKET_LISTEN")
 STOP_GRACE_S = 15.0  # beyond the drain timeout, before a worker is killed
-BACKOFF_INITIAL_S = 0.2
-BACKOFF_MAX_S = 5.0
-STABLE_AFTER_S = 30.0  # a worker that ran this long restarts without backoff
 
 
 class WorkerState(enum.Enum):
@@ -235,7 +233,7 @@ class HostSupervisor:
 
     async def _keep(self, worker: Worker) -> None:
         """Wait for the worker to exit; unless draining, start it again."""
-        backoff = BACKOFF_INITIAL_S
+        backoff = RestartBackoff()
         while True:
             process = worker.process
             assert process is not None
@@ -247,10 +245,7 @@ class HostSupervisor:
                     worker.transition(WorkerState.STOPPED, f"exited with {code}")
                 return
             worker.transition(WorkerState.BACKOFF, f"exited with {code} unasked")
-            if time.monotonic() - started > STABLE_AFTER_S:
-                backoff = BACKOFF_INITIAL_S
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            await asyncio.sleep(backoff.after_exit(time.monotonic() - started))
             if self._stopping:
                 worker.transition(WorkerState.STOPPED, "not restarted: draining")
                 return

@@ -69,6 +69,7 @@ class Connection(abc.ABC):
         self.peer_log = PeerLog(log, f"{self.protocol} {self.session.id}")
         self._violations = 0
         self._expiry: asyncio.TimerHandle | None = None
+        self._counted_active = False  # in gateway_sessions_active
 
     # --- what a protocol provides -----------------------------------------------------
 
@@ -158,6 +159,7 @@ class Connection(abc.ABC):
         state = self._state
         metrics = state.metrics
         metrics.sessions_active.labels(protocol=self.protocol).inc()
+        self._counted_active = True
         metrics.sessions_total.labels(protocol=self.protocol).inc()
         state.connections.track(self)
         receiver = asyncio.create_task(self._receive(), name=f"{self.protocol}-recv-{session.id}")
@@ -203,7 +205,14 @@ class Connection(abc.ABC):
                         await self._ws.close(code=code, message=reason.encode()[:120])
                 finally:
                     self._state.connections.untrack(self)
-                    self._state.metrics.sessions_active.labels(protocol=self.protocol).dec()
+                    self.uncount_active()
+
+    def uncount_active(self) -> None:
+        """Leave ``gateway_sessions_active`` (once): at the end, or when the connection
+        is relayed to the worker holding its call, where it is counted instead."""
+        if self._counted_active:
+            self._counted_active = False
+            self._state.metrics.sessions_active.labels(protocol=self.protocol).dec()
 
     async def _receive(self) -> None:
         session = self.session

@@ -137,6 +137,7 @@ class NativeConnection(Connection):
             log.warning("session %s: call %s: owner unreachable: %s", self.session.id, call_id, exc)
             raise unknown from None
         self.relay = relay
+        self.uncount_active()  # a session of the owner's, counted there
         await relay.send_text(start_text)
         self._relay_pump = asyncio.create_task(self._pump(relay), name=f"relay-{self.session.id}")
         metrics.call_relays.labels(result="relayed").inc()

@@ -127,6 +127,10 @@ async def test_leg_on_one_worker_application_on_the_other_behind_nginx(
         assert level(leg) > 0.02  # speech, not silence
         await leg.send_dtmf("7")
         assert (await app.wait_event("dtmf"))["digit"] == "7"
+        # The application is one session, counted where its call is, not on both workers.
+        _, values = await scrape(host.base)
+        assert values["gateway_sessions_active{protocol=native}"] == 1
+        assert values["gateway_sessions_active{protocol=twilio}"] == 1
         await app.send(type="hangup")
         assert await leg.wait_closed(10) is not None
         ended = await app.wait_event("call_ended")
