@@ -8,14 +8,15 @@ utterance has begun and has text left to synthesize) needs each of its remaining
 segments before the audio it holds runs out. :func:`can_start` replays the lane's known
 work on its workers, the new utterance's first segment first (the scheduler serves new
 utterances before streams that are comfortably ahead), then each ready segment by the
-time its stream's audio runs out. The newcomer may start when no stream, itself
-included, would run dry: calls already speaking stay whole, and a newcomer starts only
-when its own later segments can follow in time. Otherwise it waits (first-audio latency,
-which the gateway's admission control sees and acts on).
+time its stream's audio runs out. The newcomer may start when it makes no stream run
+dry that would not run dry without it, and its own later segments can follow in time:
+calls already speaking stay whole. Otherwise it waits (first-audio latency, which the
+gateway's admission control sees and acts on). A stream that runs dry whatever happens
+(text streamed in slower than it is spoken) does not hold every newcomer back.
 
 A lane cuts a playing stream's next segment that would come too late into a piece that
-fits (``min_piece_chars`` and more, ``engine.text.split_to_fit``); the replay does the
-same.
+fits (``min_piece_chars`` and more, the rest too: ``engine.text.split_to_fit``); the
+replay does the same, assuming a word boundary where the piece should end.
 
 The replay is an estimate: costs are scaled by ``cost_factor`` and a segment must arrive
 ``margin_s`` before its stream's audio runs out. A lane with nothing committed always
@@ -67,9 +68,10 @@ def can_start(
     fits, of at least this many characters (None: segments are never cut)."""
     if not committed:
         return True
-    return not run_dry(
-        [*committed, new], workers_free_in, pace, cost_factor, margin_s, min_piece_chars
-    )
+    args = (workers_free_in, pace, cost_factor, margin_s, min_piece_chars)
+    before = run_dry(committed, *args)
+    after = run_dry([*committed, new], *args)
+    return len(committed) not in after and after <= before
 
 
 def run_dry(
@@ -83,6 +85,8 @@ def run_dry(
     """Indexes of ``streams`` whose audio would run out before a segment arrives, when
     the lane's workers do their known work: a stream that has not been heard yet goes
     first, the others by when their audio runs out (see the module docstring)."""
+    if min_piece_chars is not None and min_piece_chars < 1:
+        raise ValueError("min_piece_chars must be at least 1")
     char_cost = pace.seconds_per_char * cost_factor
     free = sorted(max(0.0, f) for f in workers_free_in) or [0.0]
     heapq.heapify(free)
@@ -127,8 +131,8 @@ def run_dry(
         chars = left[i].pop(0)
         if min_piece_chars is not None and heard[i] and char_cost > 0.0:
             fits = int((plays_until[i] - margin_s - worker) / char_cost)
-            piece = max(fits, min_piece_chars)
-            if piece < chars:  # the lane cuts it: a piece now, the rest next
+            piece = min(max(fits, min_piece_chars), chars - min_piece_chars)
+            if piece >= min_piece_chars and piece < chars:  # the lane cuts: a piece now
                 left[i].insert(0, chars - piece)
                 chars = piece
         done = worker + chars * char_cost

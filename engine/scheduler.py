@@ -801,12 +801,12 @@ class Scheduler:
                 head.segments.popleft()
                 head.segments.extendleft(reversed(pieces))
 
-    @staticmethod
-    def _mark_busy(lane: _Lane, stream: _Stream) -> None:
+    def _mark_busy(self, lane: _Lane, stream: _Stream) -> None:
         chars = len(stream.utterances[0].segments[0])
         rate = stream.audio_per_char or lane.audio_per_char or AUDIO_PER_CHAR_PRIOR
         stream.busy = True
-        stream.busy_until = time.monotonic() + lane.seconds_per_char * chars
+        # expected done, with the replay's safety on its cost (engine/capacity.py)
+        stream.busy_until = time.monotonic() + lane.seconds_per_char * chars * self._cost_factor
         stream.busy_audio_s = rate * chars
 
     def _work(self, lane: _Lane) -> None:

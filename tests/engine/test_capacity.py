@@ -40,7 +40,8 @@ def playing(unplayed_s: float, *segments: int, in_flight_s: float | None = None)
         ("its own next segment would come late", [playing(1.3, 50)], [0.0], (20, 100), False),
         ("alone it keeps up", [playing(9.0)], [0.0], (20, 100), True),
         ("several calls in time", [playing(4.0, 40), playing(5.0, 40)], [0.0], (20, 40), True),
-        ("a call already running dry blocks starts", [playing(0.1, 50)], [0.0], (10,), False),
+        # Running dry whatever happens (text slower than speech): not the newcomer's doing.
+        ("a call dry anyway does not block starts", [playing(0.1, 50)], [0.0], (10,), True),
     ],
 )  # fmt: skip
 def test_can_start(case, committed, workers, new, expected):
@@ -67,8 +68,13 @@ def test_cutting_long_segments_is_replayed():
     stream = playing(0.5, 100)
     assert run_dry([stream], [0.0], PACE, **EXACT) == {0}
     assert run_dry([stream], [0.0], PACE, **EXACT, min_piece_chars=10) == set()
-    # A piece can be no shorter than min_piece_chars: 60 chars take 0.6 s > 0.5 s.
-    assert run_dry([stream], [0.0], PACE, **EXACT, min_piece_chars=60) == {0}
+    # Both pieces keep min_piece_chars, as split_to_fit's do: with 55, no cut leaves two
+    # (100 < 110), so the whole segment goes, late.
+    assert run_dry([stream], [0.0], PACE, **EXACT, min_piece_chars=55) == {0}
+    short = playing(0.25, 30)  # 30 chars (0.3 s): too short to cut into two of 24
+    assert run_dry([short], [0.0], PACE, **EXACT, min_piece_chars=24) == {0}
+    with pytest.raises(ValueError):
+        run_dry([stream], [0.0], PACE, min_piece_chars=0)
 
 
 def test_the_stream_s_own_rate_counts():
