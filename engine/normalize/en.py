@@ -836,6 +836,9 @@ class English:
                 number,
                 needs=DIGITS,
             ),
+            # Before the abbreviations: "AT&T Dr" must read its neighbour as "T" in the
+            # first pass already (Drive), as a second pass would (idempotence).
+            Rule(compile_rule(r"\s*&\s*"), lambda m: " and ", needs="&"),
             Rule(
                 compile_rule(
                     r"(?<![A-Za-z.])(?P<abbr>Mrs\.?|Mr\.?|Ms\.?|Prof\.?|Jr\.|Sr\.|Mt\.|Dept\."
@@ -849,6 +852,5 @@ class English:
                 dr_st,
                 needs="DS",
             ),
-            Rule(compile_rule(r"\s*&\s*"), lambda m: " and ", needs="&"),
             Rule(compile_rule(r"\s*@\s*"), lambda m: " at ", needs="@"),
         ]

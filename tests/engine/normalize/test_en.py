@@ -320,3 +320,11 @@ def test_never_raises_on_digit_and_symbol_soup(text):
 )
 def test_glued_tokens(left, right, together):
     assert glued(left, right) is together
+
+
+def test_an_ampersand_is_read_before_the_abbreviations_beside_it():
+    # Found by test_idempotent_on_compositions: "Dr" after "AT&T" stayed in a first pass
+    # and became "Drive" in a second.
+    rules = English(british=False)
+    assert rules.spoken("AT&T Dr") == "AT and T Drive"
+    assert rules.spoken("AT and T Drive") == "AT and T Drive"
