@@ -112,6 +112,11 @@ PACE_SMOOTHING = 0.2  # weight of the newest batch in a lane's seconds per chara
 AUDIO_PER_CHAR_PRIOR = 0.07
 
 
+def _smoothed(old: float, value: float) -> float:
+    """A recent average: ``value`` weighted PACE_SMOOTHING against ``old`` (0: none yet)."""
+    return value if old == 0.0 else old + PACE_SMOOTHING * (value - old)
+
+
 @dataclass
 class _Utterance:
     seq: int
@@ -666,15 +671,19 @@ class Scheduler:
         )
 
     @staticmethod
+    def _unplayed_s(stream: _Stream) -> float:
+        """Seconds of the stream's audio produced and not yet heard (ring and backlog)."""
+        return (stream.ring.readable_bytes() + len(stream.pending)) / stream.bytes_per_second
+
+    @staticmethod
     def _segment_chars(stream: _Stream) -> tuple[int, ...]:
         return tuple(len(segment) for u in stream.utterances for segment in u.segments)
 
     def _remaining_work(self, stream: _Stream, now: float) -> StreamWork:
         """What ``stream`` still needs from its lane (engine/capacity.py)."""
-        unplayed = stream.ring.readable_bytes() + len(stream.pending)
         return StreamWork(
             self._segment_chars(stream),
-            unplayed_s=unplayed / stream.bytes_per_second,
+            unplayed_s=self._unplayed_s(stream),
             heard=bool(stream.utterances) and stream.utterances[0].start_pos is not None,
             in_flight_s=max(0.0, stream.busy_until - now) if stream.busy else None,
             in_flight_audio_s=stream.busy_audio_s,
@@ -685,16 +694,13 @@ class Scheduler:
     def _observe_audio(lane: _Lane, stream: _Stream, seconds: float, chars: int) -> None:
         if chars > 0 and seconds > 0.0:
             rate = seconds / chars
-            for holder in (lane, stream):
-                old = holder.audio_per_char
-                holder.audio_per_char = rate if old == 0.0 else old + PACE_SMOOTHING * (rate - old)
+            lane.audio_per_char = _smoothed(lane.audio_per_char, rate)
+            stream.audio_per_char = _smoothed(stream.audio_per_char, rate)
 
     @staticmethod
     def _observe_pace(lane: _Lane, seconds: float, chars: int) -> None:
         if chars > 0:
-            pace = seconds / chars
-            old = lane.seconds_per_char
-            lane.seconds_per_char = pace if old == 0.0 else old + PACE_SMOOTHING * (pace - old)
+            lane.seconds_per_char = _smoothed(lane.seconds_per_char, seconds / chars)
 
     def _waiting_streams(self) -> list[_Stream]:
         """Streams whose head utterance has segments to do (busy or backlogged ones too)."""
@@ -793,8 +799,8 @@ class Scheduler:
         head = stream.utterances[0]
         if lane.seconds_per_char == 0.0 or head.start_pos is None:
             return
-        unplayed = (stream.ring.readable_bytes() + len(stream.pending)) / stream.bytes_per_second
-        budget = (unplayed - self._margin_s) / (lane.seconds_per_char * self._cost_factor)
+        char_cost = lane.seconds_per_char * self._cost_factor
+        budget = (self._unplayed_s(stream) - self._margin_s) / char_cost
         if len(head.segments[0]) > budget:
             pieces = split_to_fit(head.segments[0], int(budget))
             if len(pieces) > 1:
