@@ -7,9 +7,12 @@ figure is held against.
 For each backend, worker count and batch size, ``workers`` threads synthesize the IVR
 prompt set (the load generator's English prompts and a few longer ones, normalized and
 segmented as the engine does) back to back for ``--seconds``, each call taking ``batch``
-segments. Reported: audio seconds per wall second (the throughput of that many workers),
-per CPU second (process CPU time, every thread), and per worker. espeak runs one segment
-per call on one thread (it is not thread-safe), its figure is the same table's first row.
+segments. Piper also runs once per worker count at batch 1 with its graph as shipped
+(``graph: shipped``: 1-D convolutions, not the engine's 2-D rewrite,
+:mod:`engine.backends.onnx_conv2d`). Reported: audio seconds per wall second (the
+throughput of that many workers), per CPU second (process CPU time, every thread), and
+per worker. espeak runs one segment per call on one thread (it is not thread-safe), its
+figure is the same table's first row.
 Writes JSON to stdout or ``--out``.
 """
 
@@ -81,6 +84,7 @@ def measure(
     audio_s = sum(samples) / rate
     return {
         "backend": backend.name,
+        "graph": "shipped" if getattr(backend, "conv2d", True) is False else "engine",
         "voice": voice_id,
         "workers": workers,
         "batch": batch,
@@ -156,10 +160,19 @@ def run_all(batches: Sequence[int], workers: Sequence[int], seconds: float) -> l
     print(json.dumps(rows[-1]), flush=True)
     if bundled_voice_installed():
         piper = PiperBackend(max_batch=max(batches), threads=max(workers))
+        # The graph as the voice ships it (1-D convolutions), measured right after the
+        # engine's rewritten one at batch 1, so that their ratio is side by side.
+        shipped = PiperBackend(threads=max(workers), conv2d=False)
         for w in workers:
             for b in batches:
                 rows.append(measure(piper, BUNDLED_VOICE_ID, workers=w, batch=b, seconds=seconds))
                 print(json.dumps(rows[-1]), flush=True)
+                if b == 1:
+                    rows.append(
+                        measure(shipped, BUNDLED_VOICE_ID, workers=w, batch=1, seconds=seconds)
+                    )
+                    print(json.dumps(rows[-1]), flush=True)
+        shipped.close()
     return rows
 
 

@@ -30,6 +30,7 @@ from engine.backends.piper import (
     FIRST_CHUNK_MIN_FRAMES,
     STREAM_MIN_FRAMES,
     PiperBackend,
+    PiperModel,
     PiperVoice,
     bundled_voice_installed,
     decoder_input,
@@ -100,6 +101,22 @@ def test_a_batch_equals_single_runs(piper: PiperBackend) -> None:
         [single] = model.synthesize([sequence], deterministic, [0])
         assert len(audio) == len(single)
         assert np.abs(audio.astype(np.int32) - single.astype(np.int32)).max() <= 64
+
+
+def test_convolutions_run_as_2d_give_the_graph_as_shipped_s_audio(piper: PiperBackend) -> None:
+    """The backend runs the voice's 1-D convolutions as 2-D ones (engine.backends.
+    onnx_conv2d): the audio is the shipped graph's to within rounding."""
+    model = piper.resolve_voice(VoiceSettings(BUNDLED_VOICE_ID)).model
+    assert model.conv2d
+    shipped = PiperModel(model.path, model.config, conv2d=False)
+    texts = ["Your balance is one hundred twenty dollars.", "Goodbye."]
+    sequences = [model.phoneme_ids(t) for t in texts]
+    deterministic = (0.0, 1.0, 0.0)
+    for sequence in sequences:
+        [ours] = model.synthesize([sequence], deterministic, [0])
+        [theirs] = shipped.synthesize([sequence], deterministic, [0])
+        assert len(ours) == len(theirs) > RATE // 2
+        assert np.abs(ours.astype(np.int32) - theirs.astype(np.int32)).max() <= 4
 
 
 def pieces(piper: PiperBackend, job: SynthesisJob) -> list[np.ndarray]:
