@@ -85,6 +85,7 @@ async def run_engine(args: argparse.Namespace) -> None:
         layout,
         memory_budget_bytes=settings.memory_budget_mb << 20,
         memory_reject_fraction=settings.memory_reject_percent / 100,
+        start_timeout_s=settings.start_timeout_ms / 1000,
     )
     if args.no_vad:
         server.vad.load_error = "disabled (ENGINE_VAD=0)"

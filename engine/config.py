@@ -47,6 +47,8 @@ class EngineSettings:
     workers: int = 1  # model workers for backends that run on several threads
     max_batch: int = 1  # segments per model call for backends that batch
     device: str = "cpu"  # where model backends run (ENGINE_DEVICE: cpu, cuda, cuda:N)
+    # How long a new utterance may wait for the engine to start it (ENGINE_START_TIMEOUT_MS)
+    start_timeout_ms: int = 10_000
 
     @property
     def backends(self) -> list[str]:
@@ -66,4 +68,5 @@ class EngineSettings:
             workers=env_int(env, "ENGINE_WORKERS", available_cores(), minimum=1),
             max_batch=env_int(env, "ENGINE_MAX_BATCH", 1, minimum=1),
             device=env.get("ENGINE_DEVICE") or "cpu",
+            start_timeout_ms=env_int(env, "ENGINE_START_TIMEOUT_MS", 10_000, minimum=1),
         )

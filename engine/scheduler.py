@@ -35,6 +35,13 @@ progress (or itself) running out of audio (engine/capacity.py), and a playing st
 next segment that would come too late at that pace is cut into a piece that fits
 (:func:`engine.text.split_to_fit`).
 
+Start deadline: a new utterance that could start (its stream has nothing else playing or
+to do first) but has waited ``start_timeout_s`` (``ENGINE_START_TIMEOUT_MS``, 10 s) for
+the engine fails with ``queue_timeout``: on an engine saturated for that long, the IVR
+gets an error it can act on (a recorded fallback, a transfer) rather than a prompt that
+starts any time later. The gateway's own queue (``GATEWAY_QUEUE_TIMEOUT_MS``) refuses
+sooner; this bounds what the engine has already accepted.
+
 Back-pressure: audio goes into the stream's outbound ring. When the ring is full the
 rest of the segment waits in the stream's ``pending`` buffer, and the stream gets no new
 turn until ``pending`` has drained: a full ring never overwrites unread audio.
@@ -110,6 +117,7 @@ PACE_SMOOTHING = 0.2  # weight of the newest batch in a lane's seconds per chara
 # Seconds of audio per character of text before a lane has measured its own (English
 # speech is about 14 characters a second).
 AUDIO_PER_CHAR_PRIOR = 0.07
+START_TIMEOUT_S = 10.0  # a new utterance that can start but is not started fails then
 
 
 def _smoothed(old: float, value: float) -> float:
@@ -131,6 +139,7 @@ class _Utterance:
     tail_flushed: bool = False
     native_s: float = 0.0  # seconds of the backend's audio so far (word times count from 0)
     handle: object = None  # its own voice handle (a style instruction), else the stream's
+    startable_since: float | None = None  # first seen able to start (the start deadline)
 
 
 @dataclass
@@ -290,8 +299,10 @@ class Scheduler:
         cost_factor: float = COST_FACTOR,
         margin_s: float = MARGIN_S,
         on_fatal: Callable[[BaseException], None] | None = None,
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
         self._tap_directory = tap_directory
+        self._start_timeout_s = start_timeout_s
         self._on_fatal = on_fatal
         self._cost_factor = cost_factor
         self._margin_s = margin_s
@@ -441,11 +452,16 @@ class Scheduler:
             self._on_fatal(exc)
 
     def _coordinate(self) -> None:
-        stats_at = 0.0
+        checked_at = 0.0
         while not self._stopping:
             # After a flush only streams waiting for ring space stay dirty.
             self._take_commands(PENDING_POLL_S if self._dirty else IDLE_WAIT_S, block=True)
             while True:
+                now = time.monotonic()
+                if now - checked_at > STATS_INTERVAL_S:  # O(streams): not per segment
+                    checked_at = now
+                    self._update_queue_stats()
+                    self._expire_unstarted(now)
                 self._flush_all()
                 self._dispatch_batches()
                 stream = self._next_ready(inline=True)
@@ -455,11 +471,26 @@ class Scheduler:
                 self._take_commands(0, block=False)
                 if self._stopping:
                     return
-                now = time.monotonic()
-                if now - stats_at > STATS_INTERVAL_S:  # O(streams): not per segment
-                    stats_at = now
-                    self._update_queue_stats()
             self._update_queue_stats()
+
+    def _expire_unstarted(self, now: float) -> None:
+        """Fail with ``queue_timeout`` every new utterance that could have started (its
+        stream is ready and has nothing playing) for ``start_timeout_s``; the clock starts
+        when it is first seen startable, not when its text came (it may wait behind its
+        own stream's earlier prompt)."""
+        for stream in self._waiting_streams():
+            if not (self._ready(stream) and self._is_new(stream)):
+                continue
+            head = stream.utterances[0]
+            if head.startable_since is None:
+                head.startable_since = now
+            elif now - head.startable_since > self._start_timeout_s:
+                waited = now - head.startable_since
+                self._fail(
+                    stream, head, "queue_timeout",
+                    f"not started in {waited:.1f} s: the engine is saturated",
+                )  # fmt: skip
+                self._dirty[stream.slot] = None
 
     def _update_queue_stats(self) -> None:
         self.stats.queued_utterances = sum(len(s.utterances) for s in self._streams.values())

@@ -40,7 +40,7 @@ from engine.ipc.schema import (
     encode,
 )
 from engine.ipc.shm import SharedRegion, SlotArena
-from engine.scheduler import Scheduler
+from engine.scheduler import START_TIMEOUT_S, Scheduler
 from engine.vad import SileroVad, VadModel, VadWorker
 
 log = logging.getLogger(__name__)
@@ -304,6 +304,7 @@ class EngineServer:
         vad_model_factory: Callable[[], VadModel] | None = None,
         memory_budget_bytes: int = 4 << 30,
         memory_reject_fraction: float = 0.85,
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
         self.backend = backend
         self.layout = layout
@@ -319,6 +320,7 @@ class EngineServer:
             max_text_chars=backend.max_text_chars,
             tap_directory=os.environ.get("ENGINE_PCM_TAP_DIR") or None,
             on_fatal=_exit_on_scheduler_failure,
+            start_timeout_s=start_timeout_s,
         )
         self.vad = VadWorker(
             self._from_worker,

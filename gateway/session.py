@@ -674,8 +674,10 @@ class Session:
 
     def on_utterance_failed(self, event: UtteranceFailed) -> None:
         self._admission.close(event.utterance)
-        if event.code == ErrorCode.CUDA_OOM:  # a GPU batch that held this utterance failed
-            self._metrics.golden_errors.labels(type="cuda_oom").inc()
+        # A GPU batch that held it failed, or the engine could not start it in time
+        # (ENGINE_START_TIMEOUT_MS): golden errors, as the gateway's own queue timeouts.
+        if event.code in (ErrorCode.CUDA_OOM, ErrorCode.QUEUE_TIMEOUT):
+            self._metrics.golden_errors.labels(type=str(event.code)).inc()
         if self.playback is not None:
             self._metrics.errors.labels(code=event.code).inc()
             self.playback.on_failed(

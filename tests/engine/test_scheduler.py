@@ -36,7 +36,7 @@ from engine.ipc.schema import (
     VoiceInfo,
 )
 from engine.ipc.shm import BOUNDARY_CAPACITY
-from engine.scheduler import RESERVE_FACTOR, RESERVE_FLOOR_S, Scheduler
+from engine.scheduler import RESERVE_FACTOR, RESERVE_FLOOR_S, START_TIMEOUT_S, Scheduler
 from engine.text import SegmentSplitter
 
 NATIVE_RATE = SyntheticBackend.native_sample_rate
@@ -223,6 +223,7 @@ def make_harness() -> Iterator[MakeHarness]:
         tap_directory: str | None = None,
         reserve_factor: float = RESERVE_FACTOR,
         reserve_floor_s: float = RESERVE_FLOOR_S,
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> Harness:
         backend = SyntheticBackend() if backend is None else backend
         events = EventLog()
@@ -233,6 +234,7 @@ def make_harness() -> Iterator[MakeHarness]:
             tap_directory=tap_directory,
             reserve_factor=reserve_factor,
             reserve_floor_s=reserve_floor_s,
+            start_timeout_s=start_timeout_s,
         )
         schedulers.append(scheduler)
         scheduler.start()
@@ -636,6 +638,42 @@ def test_a_playing_stream_below_its_reserve_goes_before_new_utterances(
         assert short_audio.at > long_end.at
     else:
         assert short_audio.at < long_end.at
+
+
+def test_a_new_utterance_the_engine_cannot_start_in_time_fails_with_queue_timeout(
+    make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saturated for longer than the start deadline (a playing stream is always short of
+    its reserve here), a new utterance fails with ``queue_timeout`` instead of starting
+    whenever the engine gets to it; the playing stream is untouched; a prompt queued
+    behind its own stream's earlier one waits longer than the deadline and still plays
+    (its clock starts when it could start)."""
+    monkeypatch.setenv("ENGINE_SYNTHETIC_RTF", "0.02")
+    harness = make_harness(
+        SyntheticBackend(), reserve_factor=0.0, reserve_floor_s=1000.0, start_timeout_s=0.2
+    )
+    harness.open(0, capacity=1 << 24)
+    harness.open(1)
+    text = long_text(40)
+    harness.scheduler.speak(0, 1, text, True)
+    harness.scheduler.speak(0, 2, "Then this.", True)
+    harness.events.wait(UtteranceAudio, 100, 1)
+    spoke_at = time.perf_counter()
+    harness.scheduler.speak(1, 1, "Hi there.", True)
+
+    failed = harness.events.wait(UtteranceFailed, 101, 1, timeout=5).message
+    failed_at = harness.events.wait(UtteranceFailed, 101, 1).at
+    long_end = harness.events.wait(UtteranceEnd, 100, 1, timeout=20)
+    assert isinstance(failed, UtteranceFailed) and failed.code == "queue_timeout"
+    assert (failed.start_pos, failed.end_pos) == (None, None)
+    assert 0.2 <= failed_at - spoke_at < 1.0
+    assert failed_at < long_end.at  # it did not wait for the long text
+    end = long_end.message
+    assert isinstance(end, UtteranceEnd)
+    assert end.samples == sum(len(s) for s in segments_for([text])) * SAMPLES_PER_CHAR
+    queued_behind = harness.events.wait(UtteranceEnd, 100, 2, timeout=5)
+    assert queued_behind.at - spoke_at > 0.2  # waited past the deadline, and played
+    assert not [m for m in harness.events.messages(100) if isinstance(m, UtteranceFailed)]
 
 
 # ----------------------------------------------------------------------------- cancel
@@ -1058,8 +1096,9 @@ def test_past_capacity_new_utterances_wait_and_none_that_started_stutters(make_h
     # 10 ms of work per character (60 ms of audio): one worker keeps about 6 calls
     # going; 12 ask at once, three sentences each. Without the capacity check they all
     # start, their later segments pile up, and every call stutters (0.02-0.42 s here).
+    # The last one waits about 11 s to start: no start deadline here (tested above).
     backend = PacedBatchBackend(seconds_per_char=0.01)
-    harness = make_harness(backend)
+    harness = make_harness(backend, start_timeout_s=60.0)
     slots = range(12)
     text = (
         "This is the first part of it all, you see. Here comes the second part of it now. "

@@ -698,11 +698,14 @@ async def test_engine_lost_reports_and_closes():
 
 
 @pytest.mark.parametrize(
-    ("code", "golden_oom"), [(ErrorCode.ENGINE_ERROR, 0), (ErrorCode.CUDA_OOM, 1)]
-)
-async def test_failed_utterance_reports_error_then_done(code: ErrorCode, golden_oom: int):
-    """The utterance ends with its error, the session goes on; a GPU out of memory is
-    also a golden error (``cosy2_tts_errors_total{type="cuda_oom"}``)."""
+    ("code", "golden"),
+    [(ErrorCode.ENGINE_ERROR, None), (ErrorCode.CUDA_OOM, "cuda_oom"),
+     (ErrorCode.QUEUE_TIMEOUT, "queue_timeout")],
+)  # fmt: skip
+async def test_failed_utterance_reports_error_then_done(code: ErrorCode, golden: str | None):
+    """The utterance ends with its error, the session goes on; a GPU out of memory and an
+    utterance the engine could not start in time (``ENGINE_START_TIMEOUT_MS``) are also
+    golden errors (``cosy2_tts_errors_total{type=...}``)."""
     h = await started()
     uid = h.session.speak("Hi.")
     h.session.on_utterance_failed(
@@ -714,7 +717,8 @@ async def test_failed_utterance_reports_error_then_done(code: ErrorCode, golden_
         UtteranceDone(uid, audio_ms=0, first_audio_ms=None),
     ]
     assert h.counter("gateway_errors_total", code=code) == 1
-    assert h.counter("cosy2_tts_errors_total", type="cuda_oom") == golden_oom
+    for kind in ("cuda_oom", "queue_timeout"):
+        assert h.counter("cosy2_tts_errors_total", type=kind) == (kind == golden)
     assert not h.session.done.done()
 
 
