@@ -140,6 +140,7 @@ class _Utterance:
     native_s: float = 0.0  # seconds of the backend's audio so far (word times count from 0)
     handle: object = None  # its own voice handle (a style instruction), else the stream's
     startable_since: float | None = None  # first seen able to start (the start deadline)
+    dispatched: bool = False  # a segment of it went to synthesis: the deadline is over
 
 
 @dataclass
@@ -482,6 +483,8 @@ class Scheduler:
             if not (self._ready(stream) and self._is_new(stream)):
                 continue
             head = stream.utterances[0]
+            if head.dispatched:  # begun, though nothing of it is heard yet
+                continue
             if head.startable_since is None:
                 head.startable_since = now
             elif now - head.startable_since > self._start_timeout_s:
@@ -779,6 +782,7 @@ class Scheduler:
                 jobs = []
                 for stream in chosen:
                     utterance = stream.utterances[0]
+                    utterance.dispatched = True
                     jobs.append(
                         _Job(
                             stream.slot,
@@ -949,6 +953,7 @@ class Scheduler:
     def _synthesize_next(self, stream: _Stream) -> None:
         utterance = stream.utterances[0]
         segment = utterance.segments.popleft()
+        utterance.dispatched = True
         generation = stream.generation
         offset_s = utterance.native_s
         rate = stream.voice.sample_rate

@@ -7,7 +7,8 @@ figure is held against.
 For each backend, worker count and batch size, ``workers`` threads synthesize the IVR
 prompt set (the load generator's English prompts and a few longer ones, normalized and
 segmented as the engine does) back to back for ``--seconds``, each call taking ``batch``
-segments. Piper also runs once per worker count at batch 1 with its graph as shipped
+segments. At batch 1 Piper also runs on the load generator's prompts alone (``prompts:
+load generator``: the pace of the standard call mix), and with its graph as shipped
 (``graph: shipped``: 1-D convolutions, not the engine's 2-D rewrite,
 :mod:`engine.backends.onnx_conv2d`). Reported: audio seconds per wall second (the
 throughput of that many workers), per CPU second (process CPU time, every thread), and
@@ -38,21 +39,30 @@ LONGER = (
 )
 
 
-def segments(language: str = "en-US") -> list[str]:
+def segments(language: str = "en-US", *, longer: bool = True) -> list[str]:
+    """The IVR prompt set as the engine segments it (without :data:`LONGER`: the load
+    generator's prompts only)."""
     out: list[str] = []
-    for text in (*PROMPTS["en-us"], *LONGER):
+    for text in (*PROMPTS["en-us"], *(LONGER if longer else ())):
         splitter = SegmentSplitter(language=language)
         out += splitter.feed(text) + splitter.flush()
     return out
 
 
 def measure(
-    backend: Backend, voice_id: str, *, workers: int, batch: int, seconds: float
+    backend: Backend,
+    voice_id: str,
+    *,
+    workers: int,
+    batch: int,
+    seconds: float,
+    longer: bool = True,
 ) -> dict[str, Any]:
-    """Run ``workers`` threads synthesizing batches of ``batch`` for ``seconds``."""
+    """Run ``workers`` threads synthesizing batches of ``batch`` for ``seconds`` (of the
+    load generator's prompts only when not ``longer``)."""
     voice = backend.resolve_voice(VoiceSettings(voice_id))
     rate = backend.voice_sample_rate(voice)
-    texts = segments()
+    texts = segments(longer=longer)
     samples = [0] * workers
     calls = [0] * workers
     stop_at = time.monotonic() + seconds
@@ -85,6 +95,7 @@ def measure(
     return {
         "backend": backend.name,
         "graph": "shipped" if getattr(backend, "conv2d", True) is False else "engine",
+        "prompts": "ivr" if longer else "load generator",
         "voice": voice_id,
         "workers": workers,
         "batch": batch,
@@ -171,6 +182,14 @@ def run_all(batches: Sequence[int], workers: Sequence[int], seconds: float) -> l
                     rows.append(
                         measure(shipped, BUNDLED_VOICE_ID, workers=w, batch=1, seconds=seconds)
                     )
+                    print(json.dumps(rows[-1]), flush=True)
+                    # the pace of the standard call mix's short prompts (the ideal model's)
+                    rows.append(
+                        measure(
+                            piper, BUNDLED_VOICE_ID, workers=w, batch=1, seconds=seconds / 3,
+                            longer=False,
+                        )
+                    )  # fmt: skip
                     print(json.dumps(rows[-1]), flush=True)
         shipped.close()
     return rows

@@ -55,13 +55,16 @@ CONV_CASES = {
     "grouped": {"kernel_shape": [3], "group": 2, "pads": [1, 1]},
     "no pads attribute": {"kernel_shape": [3]},
     "auto pad": {"kernel_shape": [3], "auto_pad": "SAME_UPPER"},
+    "auto pad, lower": {"kernel_shape": [4], "auto_pad": "SAME_LOWER"},
+    "auto pad, valid": {"kernel_shape": [3], "auto_pad": "VALID", "strides": [2]},
+    "no kernel_shape": {"pads": [1, 1]},
 }
 
 
 @pytest.mark.parametrize("attributes", CONV_CASES.values(), ids=CONV_CASES.keys())
 def test_conv_gives_the_same_output(attributes: dict[str, Any]) -> None:
     group = attributes.get("group", 1)
-    kernel = attributes["kernel_shape"][0]
+    kernel = attributes.get("kernel_shape", [3])[0]
     weights = {"w": RNG.standard_normal((6, 4 // group, kernel)), "b": RNG.standard_normal(6)}
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", **attributes)
     rewritten = _same_outputs(_model([node], weights, channels=4), channels=4)
@@ -72,13 +75,15 @@ TRANSPOSE_CASES = {
     "upsample by 8 (HiFi-GAN)": {"kernel_shape": [16], "strides": [8], "pads": [4, 4]},
     "output padding": {"kernel_shape": [8], "strides": [4], "pads": [2, 2], "output_padding": [1]},
     "dilated": {"kernel_shape": [3], "strides": [2], "dilations": [2]},
+    "grouped": {"kernel_shape": [4], "strides": [2], "pads": [1, 1], "group": 2},
+    "output shape": {"kernel_shape": [4], "strides": [2], "output_shape": [74]},
 }
 
 
 @pytest.mark.parametrize("attributes", TRANSPOSE_CASES.values(), ids=TRANSPOSE_CASES.keys())
 def test_conv_transpose_gives_the_same_output(attributes: dict[str, Any]) -> None:
-    kernel = attributes["kernel_shape"][0]
-    weights = {"w": RNG.standard_normal((4, 3, kernel)), "b": RNG.standard_normal(3)}
+    kernel, group = attributes["kernel_shape"][0], attributes.get("group", 1)
+    weights = {"w": RNG.standard_normal((4, 6 // group, kernel)), "b": RNG.standard_normal(6)}
     node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], name="up", **attributes)
     rewritten = _same_outputs(_model([node], weights, channels=4), channels=4)
     assert rewritten_count(rewritten) == 1
@@ -135,3 +140,37 @@ def test_weights_read_elsewhere_and_2d_convs_are_left_alone() -> None:
     )
     model_2d = helper.make_model(image, opset_imports=[helper.make_opsetid("", 15)])
     assert rewritten_count(conv1d_as_conv2d(model_2d)) == 0
+
+
+def test_unnamed_convolutions_get_unique_node_names() -> None:
+    weights = {"w": RNG.standard_normal((4, 4, 3))}
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["a"], kernel_shape=[3], pads=[1, 1]),
+        helper.make_node("Conv", ["a", "w"], ["y"], kernel_shape=[3], pads=[1, 1]),
+    ]
+    rewritten = _same_outputs(_model(nodes, weights, channels=4), channels=4)
+    added = [node.name for node in rewritten.graph.node if node.op_type != "Conv"]
+    assert rewritten_count(rewritten) == 2 and len(set(added)) == len(added) == 4
+
+
+def test_a_weight_that_is_also_a_graph_input_or_read_in_a_subgraph_is_left_alone() -> None:
+    """A weight fed as a graph input (initializers kept as inputs) could be replaced by
+    the caller with a 3-D one; one read inside an If's branch would change under it."""
+    weights = {"w": RNG.standard_normal((4, 4, 3))}
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", kernel_shape=[3], pads=[1, 1])
+    model = _model([conv], weights, channels=4)
+    model.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 4, 3]))
+    assert rewritten_count(conv1d_as_conv2d(model)) == 0
+
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["wb"])],
+        "branch",
+        [],
+        [helper.make_tensor_value_info("wb", TensorProto.FLOAT, [4, 4, 3])],
+    )
+    model = _model([conv], weights, channels=4)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(True), "flag"))
+    model.graph.node.append(
+        helper.make_node("If", ["flag"], ["unused"], then_branch=branch, else_branch=branch)
+    )
+    assert rewritten_count(conv1d_as_conv2d(model)) == 0

@@ -640,39 +640,55 @@ def test_a_playing_stream_below_its_reserve_goes_before_new_utterances(
         assert short_audio.at < long_end.at
 
 
+@pytest.mark.realtime
 def test_a_new_utterance_the_engine_cannot_start_in_time_fails_with_queue_timeout(
     make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Saturated for longer than the start deadline (a playing stream is always short of
     its reserve here), a new utterance fails with ``queue_timeout`` instead of starting
     whenever the engine gets to it; the playing stream is untouched; a prompt queued
-    behind its own stream's earlier one waits longer than the deadline and still plays
-    (its clock starts when it could start)."""
+    behind its own call's earlier one waits far longer than the deadline and still plays
+    (its clock starts when it could start: once the earlier one is done and heard)."""
     monkeypatch.setenv("ENGINE_SYNTHETIC_RTF", "0.02")
     harness = make_harness(
         SyntheticBackend(), reserve_factor=0.0, reserve_floor_s=1000.0, start_timeout_s=0.2
     )
-    harness.open(0, capacity=1 << 24)
+    ring = harness.open(0, capacity=1 << 24)
     harness.open(1)
-    text = long_text(40)
-    harness.scheduler.speak(0, 1, text, True)
-    harness.scheduler.speak(0, 2, "Then this.", True)
-    harness.events.wait(UtteranceAudio, 100, 1)
-    spoke_at = time.perf_counter()
-    harness.scheduler.speak(1, 1, "Hi there.", True)
+    listening = threading.Event()
 
-    failed = harness.events.wait(UtteranceFailed, 101, 1, timeout=5).message
-    failed_at = harness.events.wait(UtteranceFailed, 101, 1).at
-    long_end = harness.events.wait(UtteranceEnd, 100, 1, timeout=20)
-    assert isinstance(failed, UtteranceFailed) and failed.code == "queue_timeout"
-    assert (failed.start_pos, failed.end_pos) == (None, None)
-    assert 0.2 <= failed_at - spoke_at < 1.0
-    assert failed_at < long_end.at  # it did not wait for the long text
+    def listen() -> None:  # stream 0's caller hears everything at once: its ring empties
+        while not listening.is_set():
+            ring.read(1 << 16)
+            time.sleep(0.002)
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    try:
+        text = long_text(40)
+        queued_at = time.perf_counter()
+        harness.scheduler.speak(0, 1, text, True)
+        harness.scheduler.speak(0, 2, "Then this.", True)
+        harness.events.wait(UtteranceAudio, 100, 1)
+        spoke_at = time.perf_counter()
+        harness.scheduler.speak(1, 1, "Hi there.", True)
+
+        failed = harness.events.wait(UtteranceFailed, 101, 1, timeout=5)
+        long_end = harness.events.wait(UtteranceEnd, 100, 1, timeout=20)
+        behind = harness.events.wait(UtteranceAudio, 100, 2, timeout=5)
+        harness.events.wait(UtteranceEnd, 100, 2, timeout=5)
+    finally:
+        listening.set()
+        listener.join()
+    assert isinstance(failed.message, UtteranceFailed)
+    assert failed.message.code == "queue_timeout"
+    assert (failed.message.start_pos, failed.message.end_pos) == (None, None)
+    assert 0.2 <= failed.at - spoke_at < 1.0
+    assert failed.at < long_end.at  # it did not wait for the long text
     end = long_end.message
     assert isinstance(end, UtteranceEnd)
     assert end.samples == sum(len(s) for s in segments_for([text])) * SAMPLES_PER_CHAR
-    queued_behind = harness.events.wait(UtteranceEnd, 100, 2, timeout=5)
-    assert queued_behind.at - spoke_at > 0.2  # waited past the deadline, and played
+    assert behind.at - queued_at > 1.0  # five times the deadline behind its own call
     assert not [m for m in harness.events.messages(100) if isinstance(m, UtteranceFailed)]
 
 
