@@ -208,8 +208,9 @@ def render(body: dict[str, Any]) -> str:
         "Ideal FIFO: what first-come-first-served workers at the offline pace of these "
         "prompts (batch 1, the load generator's prompts alone) would give the same calls "
         "in the same window, prompts of the measured mean audio, nothing else on the "
-        "cores (tests/bench/queueing.py); measured close to it, the rest of a gap to the "
-        "goal is the machine's speed, not the scheduling.",
+        "cores (tests/bench/queueing.py): a reference, not a bound (real prompts vary "
+        "around the mean). Measured close to it, the rest of a gap to the goal is the "
+        "machine's speed, not the scheduling.",
     ]
     best = body.get("best")
     if best:
