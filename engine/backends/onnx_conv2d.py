@@ -95,9 +95,8 @@ def _convertible_weights(graph: Any, weights: dict[str, Any]) -> set[str]:
                 conv_weights.add(name)
             else:
                 other_uses.add(name)
-        for attribute in node.attribute:  # If, Loop, Scan: what their bodies read
-            for body in [attribute.g, *attribute.graphs] if attribute.type in _GRAPHS else []:
-                other_uses |= _names_read(body)
+        for body in _bodies(node):  # If, Loop, Scan: what their bodies read
+            other_uses |= _names_read(body)
     interface = {value.name for value in [*graph.input, *graph.output]}
     return {
         name
@@ -111,10 +110,18 @@ def _names_read(graph: Any) -> set[str]:
     names: set[str] = set()
     for node in graph.node:
         names.update(node.input)
-        for attribute in node.attribute:
-            for body in [attribute.g, *attribute.graphs] if attribute.type in _GRAPHS else []:
-                names |= _names_read(body)
+        for body in _bodies(node):
+            names |= _names_read(body)
     return names
+
+
+def _bodies(node: Any) -> list[Any]:
+    """The graphs a node carries as attributes (an If's branches, a Loop's body)."""
+    bodies: list[Any] = []
+    for attribute in node.attribute:
+        if attribute.type in _GRAPHS:
+            bodies += [attribute.g, *attribute.graphs]
+    return bodies
 
 
 def _widen_attributes(node: Any, helper: Any) -> None:
