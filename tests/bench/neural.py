@@ -67,6 +67,21 @@ def audio_per_prompt_s(level: dict[str, Any]) -> float | None:
     return round(float(client["frames"]) * float(client["frame_ms"]) / 1000 / done, 3)
 
 
+def piper_row(
+    offline: list[dict[str, Any]], workers: int, *, graph: str = "engine", prompts: str = "ivr"
+) -> dict[str, Any] | None:
+    """The offline row of Piper at batch 1 with ``workers`` workers, ``graph`` ("engine"
+    or "shipped") and ``prompts`` ("ivr" or "load generator"; see
+    :mod:`tests.bench.neural_capacity`), or None."""
+    for row in offline:
+        if (
+            row["backend"] == "piper" and row["batch"] == 1 and row["workers"] == workers
+            and row.get("graph", "engine") == graph and row.get("prompts", "ivr") == prompts
+        ):  # fmt: skip
+            return row
+    return None
+
+
 def with_ideal(
     rows: list[dict[str, Any]],
     offline: list[dict[str, Any]],
@@ -79,17 +94,13 @@ def with_ideal(
     (tests/bench/queueing.py): ``ideal``."""
     for row in rows:
         workers = row["engine_workers"] or available_cores()
-        rates = [
-            r["audio_per_wall_s"] / r["workers"]
-            for r in offline
-            if r["backend"] == "piper" and r["batch"] == 1 and r["workers"] == workers
-            and r.get("prompts") == "load generator"
-        ]  # fmt: skip
+        pace = piper_row(offline, workers, prompts="load generator")
         audio_s = row.get("audio_per_prompt_s")
-        if not rates or not audio_s:
+        if pace is None or not audio_s:
             continue
+        rate = pace["audio_per_wall_s"] / workers  # one worker's, beside the others
         model = CallModel(
-            row["sessions"], workers, service_s=audio_s / rates[0], audio_s=audio_s, burst=burst
+            row["sessions"], workers, service_s=audio_s / rate, audio_s=audio_s, burst=burst
         )
         ideal = percentiles(model, window_s=window_s)
         row["ideal"] = {"service_ms": round(model.service_s * 1000, 1), **ideal}
@@ -140,15 +151,11 @@ def summary(level: dict[str, Any]) -> dict[str, Any]:
 
 def conv2d_ratios(rows: list[dict[str, Any]]) -> list[str]:
     """One line per worker count: the engine's graph against the shipped one, batch 1."""
-    found = {
-        (r["workers"], r.get("graph")): r["audio_per_cpu_s"]
-        for r in rows
-        if r["backend"] == "piper" and r["batch"] == 1 and r.get("prompts") != "load generator"
-    }
     lines = []
-    for (workers, graph), shipped in sorted(found.items()):
-        engine = found.get((workers, "engine"))
-        if graph == "shipped" and engine and shipped:
+    for workers in sorted({r["workers"] for r in rows}):
+        ours, theirs = piper_row(rows, workers), piper_row(rows, workers, graph="shipped")
+        if ours and theirs and ours["audio_per_cpu_s"] and theirs["audio_per_cpu_s"]:
+            engine, shipped = ours["audio_per_cpu_s"], theirs["audio_per_cpu_s"]
             lines.append(
                 f"\nPiper, {workers} worker(s), batch 1: the engine's graph (convolutions run as "
                 f"2-D) synthesizes **{engine / shipped:.2f} times** the audio per CPU second of "
@@ -278,12 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     if passing:
         best = max(passing, key=lambda lv: lv["sessions"])
         body["best"] = summary(best)
-        ceiling = max(
-            (r["audio_per_wall_s"] for r in body.get("offline", []) if r["backend"] == "piper"
-             and r["batch"] == 1 and r["workers"] == 2 and r.get("graph") != "shipped"
-             and r.get("prompts") != "load generator"),
-            default=None,
-        )  # fmt: skip
+        row = piper_row(body.get("offline", []), 2)
+        ceiling = row["audio_per_wall_s"] if row else None
         if ceiling:
             body["ceiling"] = ceiling
             body["efficiency"] = round(best["served_audio_per_s"] / ceiling, 2)
