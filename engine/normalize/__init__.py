@@ -95,24 +95,41 @@ Conventions, Chinese
 - Codes digit by digit with 零 for 0 and the same grouping as English ("12345":
   一二三, 四五; a leading zero "0042": 零零四二). 1 is 幺 in phone numbers only: after a
   phone keyword (电话, 手机, 热线, 拨打, 致电, 来电, 呼叫, 分机, 座机, 传真, 客服) or
-  phone-shaped (11-digit mobiles 1[3-9]xxxxxxxxx grouped 3-4-4, "+86 ...", "010-12345678",
-  "400-123-4567"); after other code keywords (号码, 账号, 卡号, 尾号, 订单号, 验证码, 密码,
-  编号, ...) 1 is 一. Cantonese (yue, zh-HK) never uses 幺.
+  phone-shaped (11-digit mobiles 1[3-9]xxxxxxxxx grouped 3-4-4, "+86 ...",
+  "+8613800138000", "010-12345678", "(010)12345678", "400-123-4567", "400 820 8820");
+  after other code keywords (号码, 账号, 卡号, 尾号, 订单号, 验证码, 密码, 编号, ...) 1 is
+  一. Cantonese (yue, zh-HK) never uses 幺. A code spelled with spaces after a keyword
+  ("验证码是 8 3 1 1 0 2") is read as one code (八三一, 一零二).
+- Letters and digits: 1-4 capitals before 3 or more digits are an order or parcel
+  number, the letters one by one, then the digits as a code ("A12345": "A 一二三, 四五";
+  "SF1234567890": "S F 一二三四, 五六七, 八九零"). Acronyms (2-6 capitals alone) are
+  spaced letter by letter as Mandarin speakers say them ("VIP": "V I P", "APP": "A P P");
+  other Latin words ("iPhone", "WiFi") and digits glued to letters ("4G", "MP3") are left
+  as written, for the voice's English. A Mandarin G2P that reads only Han characters
+  gets the text through :mod:`engine.normalize.zh_g2p` (Mandarin and Latin pieces, or
+  Latin spelled with Chinese letter names).
 - A run of 5 digits or more is a code unless a measure word or currency follows
   ("12345人" is a quantity).
 - Amounts: "¥120.50", "120.50元", "RMB 120.50": 一百二十元五角; "¥120.05": 一百二十元零五分;
   "¥2": 两元; other currencies as a decimal number and the currency ("$5.50": 五点五美元,
   "€3": 三欧元, "£5": 五英镑, "HK$" 港元, "JPY" 日元); in Cantonese "$" is 元.
-- Percentages: "15%": 百分之十五; "百分之15": 百分之十五; "-3%": 负百分之三.
+- Percentages: "15%": 百分之十五; "百分之15": 百分之十五; "-3%": 负百分之三; "10%-20%":
+  百分之十到百分之二十.
 - Ordinals: "第1": 第一.
 - Dates: "2026年12月3日" and "2026-12-03" (also "/" and "."): 二零二六年十二月三日 (the year
-  digit by digit, month and day as numbers); "12/03/2026" is month/day/year.
+  digit by digit, month and day as numbers); "12/03/2026" is month/day/year; "12/05"
+  (a valid month and day) is 十二月五日.
 - Times, on the 24-hour clock as written: "9:30": 九点三十分; "9:05": 九点零五分; "9:00":
-  九点; "14:05": 十四点零五分; "2:00": 两点; "9am": 上午九点, "3pm": 下午三点.
+  九点; "14:05": 十四点零五分; "2:00": 两点; "9am": 上午九点, "3pm": 下午三点;
+  "7*24小时" (also "7×24"): 七乘二十四小时.
 - Units: "5 kg": 五公斤, km 公里, m 米, min 分钟, h 小时, s 秒, "°C" 摄氏度 ("-5°C":
   零下五摄氏度); data sizes as said: "3GB": 三G, "500MB": 五百兆.
 - Symbols: "#": 井号, "*": 星号, "#5": 五号, "&": 和, "@": 艾特; ranges "3-5": 三到五.
+- Full-width digits, letters and symbols are read as ASCII ("１２：３０", "１００％", "＃",
+  "＊", "￥", "－", and "−" U+2212); full-width punctuation (，。！？：；（）、) is kept.
 - Simplified characters are used for Cantonese too (espeak-ng's yue voice reads both).
+- Not covered: :mod:`engine.normalize.zh` lists it (fractions, "24/7", "12-05" as a date,
+  幺 outside phone numbers, ...).
 """
 
 from __future__ import annotations

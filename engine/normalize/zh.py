@@ -1,7 +1,39 @@
 """Chinese rules (Mandarin and Cantonese): written text to its spoken form.
 
-Conventions: :mod:`engine.normalize`. Chinese numerals come from ``cn2an`` (imported on
-first use: it takes about 0.15 s to import).
+Conventions, one by one: :mod:`engine.normalize` ("Conventions, Chinese"). Chinese
+numerals come from ``cn2an`` (imported on first use: it takes about 0.15 s to import).
+
+What comes out (the contract a backend relies on, Mandarin IVR first):
+
+- Digits and the symbols around them become Han characters: amounts (元/角/分), dates,
+  times, percentages, decimals, ordinals, ranges, units, phone numbers and codes, keys
+  ("#" 井号, "*" 星号), "&" 和, "@" 艾特, "7*24小时" 七乘二十四小时. Full-width digits,
+  letters and symbols are read as their ASCII forms (:func:`fold_width`: "１２：３０",
+  "％", "＃", "＊", "￥"); full-width punctuation (，。！？：；（）、) is kept as written.
+- The rule for 幺: 1 is 幺 in telephone numbers (after a phone keyword such as 电话,
+  热线, 拨打, 致电, 客服, 分机, or phone-shaped: mobiles 1[3-9]xxxxxxxxx, "+86 ...",
+  "010-12345678", "(010)12345678", "400-820-8820", "400 820 8820"); in every other code
+  (账号, 卡号, 尾号, 验证码, 密码, 订单号, letter codes, 5+ digit runs) 1 is 一, the
+  written form that banks' and shops' prompts use. Cantonese (yue, zh-HK) never says 幺.
+- Latin letters stay Latin, for the voice's English (espeak-ng reads them in English;
+  a Mandarin G2P gets them through :mod:`engine.normalize.zh_g2p`): acronyms of 2-6
+  capitals alone are spaced letter by letter, as they are said in Mandarin ("VIP" ->
+  "V I P", "APP" -> "A P P", "ATM机" -> "A T M机"); 1-4 capitals before 3 or more digits
+  are an order or parcel number: letters one by one, then the digits as a code
+  ("A12345" -> "A 一二三, 四五", "SF1234567890" -> "S F 一二三四, 五六七, 八九零");
+  words with lowercase letters ("iPhone", "WiFi", "Hello") are left as written, and so
+  are digits glued to letters otherwise ("4G", "MP3", "G20", "PM2.5", "Win10").
+- Digit groups read one by one are separated by ", " (a short pause).
+
+Not covered (read as written, or by the general number rules): fractions ("1/2" is a
+date, 一月二日; "24/7"), month/day with "-" ("12-05" is a range), dates and times in
+words or other calendars, Roman numerals, URLs (e-mail addresses only), model numbers
+with lowercase letters or digits first ("iPhone15", "3D"), 幺 in flight, bus or room
+numbers, the ID-card grouping 6-8-4 (an 18-digit ID is grouped 4-4-4-3-3), measure words
+other than those in :data:`LIANG_BEFORE` for 两, polyphonic characters (the G2P's job),
+traditional-only readings, and English words spelled in the Mandarin voice (the G2P
+helper's fallback, :func:`engine.normalize.zh_g2p.mandarin_only`, spells them; a brand
+such as "iPhone" then sounds letter by letter).
 """
 
 from __future__ import annotations
@@ -76,6 +108,10 @@ CODE_KEYWORDS = (
     "邮编",
 )
 _FILLER = r"(?:号码|号|是|为|:|：|\s)*"
+# Country calling codes recognized in a "+" number written without separators
+# ("+8613800138000"), longest first.
+_CALLING_CODES = ("852", "853", "886", "86", "1")
+_MOBILE = re.compile(r"1[3-9]\d{9}")
 
 # "2" is read 两 before these (两个, 两点, 两元); 二 elsewhere (二月, 第二, 二零二六).
 LIANG_BEFORE = (
@@ -145,6 +181,48 @@ def _part_of_day(m: re.Match[str]) -> bool:
     return m.string[: m.start()].rstrip().endswith(_PARTS_OF_DAY)
 
 
+# Full-width forms folded to ASCII before the rules run (NFKC would do it, but callers of
+# :func:`engine.normalize.spoken` need not have applied it): digits, letters and the
+# symbols the rules read. Full-width punctuation (，。！？：；（）、) is kept: it is a pause
+# that every Chinese front end reads, and the G2P maps it itself.
+_FULL_WIDTH = {chr(0xFF10 + i): str(i) for i in range(10)}
+_FULL_WIDTH.update({chr(0xFF21 + i): chr(0x41 + i) for i in range(26)})
+_FULL_WIDTH.update({chr(0xFF41 + i): chr(0x61 + i) for i in range(26)})
+_FULL_WIDTH.update(
+    {
+        "％": "%",
+        "＃": "#",
+        "＊": "*",
+        "＄": "$",
+        "￥": "¥",
+        "＆": "&",
+        "＠": "@",
+        "＋": "+",
+        "－": "-",
+        "−": "-",  # U+2212 MINUS SIGN
+        "／": "/",
+        "＝": "=",
+        "×": "乘",  # "7×24小时": 七乘二十四小时
+    }
+)
+_FULL_WIDTH_RE = re.compile("[" + "".join(_FULL_WIDTH) + "]")
+# Punctuation that is part of a number when it stands between digits ("１２：３０",
+# "１２．５", "３～５"): folded only there. Not "，": between digits it is a pause
+# ("验证码831102，5分钟内有效"), never a thousands separator.
+_BETWEEN_DIGITS = re.compile(r"(?<=[0-9０-９])(?P<p>[：．～〜])(?=[0-9０-９])")
+_BETWEEN_DIGITS_ASCII = {"：": ":", "．": ".", "～": "~", "〜": "~"}
+
+
+def fold_width(text: str) -> str:
+    """Full-width digits, letters and symbols as ASCII ("１２３" -> 123, "％" -> %,
+    "＃" -> #, "×" -> 乘), and ":" "." "~" between digits ("１２：３０" -> 12:30); full-width
+    punctuation elsewhere is kept."""
+    if text.isascii():
+        return text
+    text = _BETWEEN_DIGITS.sub(lambda m: _BETWEEN_DIGITS_ASCII[m["p"]], text)
+    return _FULL_WIDTH_RE.sub(lambda m: _FULL_WIDTH[m.group(0)], text)
+
+
 @functools.cache
 def _cn2an() -> Any:
     import cn2an
@@ -193,7 +271,7 @@ class Chinese:
         self._rules = self._build_rules()
 
     def spoken(self, text: str) -> str:
-        return apply_rules(text, self._rules)
+        return apply_rules(fold_width(text), self._rules)
 
     def _phone_digits(self, written: str, sizes: list[int] | None = None) -> str:
         yao = not self.cantonese
@@ -266,6 +344,9 @@ class Chinese:
                 month, day = day, month
             return self._date(m["y"], month, day)
 
+        def month_day(m: re.Match[str]) -> str | None:
+            return self._date(None, int(m["m"]), int(m["d"]))
+
         def year(m: re.Match[str]) -> str:
             return digits(m["y"]) + "年"
 
@@ -282,6 +363,14 @@ class Chinese:
         def phone_international(m: re.Match[str]) -> str:
             groups = re.findall(r"\d+", m.group(0))
             yao = not self.cantonese
+            if len(groups) == 1:  # "+8613800138000": the country code, then the number
+                code = next((c for c in _CALLING_CODES if groups[0].startswith(c)), "")
+                if code:
+                    groups = [code, groups[0][len(code) :]]
+            if len(groups) == 2 and _MOBILE.fullmatch(groups[1]):
+                mobile_groups = split_groups(groups[1], [3, 4, 4])
+                rest = [digits(g, yao=yao) for g in mobile_groups]
+                return ", ".join(["加" + digits(groups[0], yao=yao), *rest])
             rest = [self._phone_digits(g) for g in groups[1:]]
             return ", ".join(["加" + digits(groups[0], yao=yao), *rest])
 
@@ -300,12 +389,23 @@ class Chinese:
         def code(m: re.Match[str]) -> str:
             head = m.string[m.start() : m.start("d")]
             groups = re.findall(r"\d+", m["d"])
+            if len(groups) > 2 and all(len(g) == 1 for g in groups):
+                groups = ["".join(groups)]  # spelled out with spaces: "8 3 1 1 0 2"
             phone_context = m["kw"] in PHONE_KEYWORDS
             if len(groups) == 1 and len(groups[0]) <= 2 and not groups[0].startswith("0"):
                 return head + integer(groups[0])
             if phone_context:
                 return head + ", ".join(self._phone_digits(g) for g in groups)
             return head + ", ".join(grouped_digits(g) for g in groups)
+
+        def letter_code(m: re.Match[str]) -> str:
+            return " ".join(m["letters"]) + " " + grouped_digits(m["d"])
+
+        def acronym(m: re.Match[str]) -> str:
+            return " ".join(m.group(0))
+
+        def times(m: re.Match[str]) -> str:
+            return number(m["a"]) + "乘" + number(m["b"])
 
         def money_suffix(m: re.Match[str]) -> str:
             negative = bool(m["neg"])
@@ -404,6 +504,11 @@ class Chinese:
                 needs=DIGITS,
             ),
             Rule(
+                compile_rule(r"(?<![\w./-])(?P<m>\d{1,2})/(?P<d>\d{1,2})(?![\w]|[./-]\d|/)"),
+                month_day,
+                needs="/",
+            ),
+            Rule(
                 compile_rule(r"(?<![\w.])(?P<a>\d{4})\s?[-~]\s?(?P<b>\d{4})\s?年"),
                 year_range,
                 needs=DIGITS,
@@ -429,6 +534,7 @@ class Chinese:
                 compile_rule(
                     r"(?<![\w(+.-])(?:\(\d{3}\)\s?|\d{3}[ .-])\d{3}[ .-]\d{4}(?![\w]|[.-]\d)"
                     r"|(?<![\w.-])0\d{2,3}-\d{7,8}(?![\w]|[.-]\d)"
+                    r"|(?<![\w(])\(0\d{2,3}\)\s?\d{7,8}(?![\w]|[.-]\d)"
                     r"|(?<![\w.-])\d{3}-\d{4}(?![\w]|[.-]\d)"
                     r"|(?<![\w.-])\d{3}-\d{4}-\d{4}(?![\w]|[.-]\d)"
                 ),
@@ -465,6 +571,19 @@ class Chinese:
             ),
             Rule(
                 compile_rule(
+                    r"(?<![A-Za-z0-9_'.-])(?P<letters>[A-Z]{1,4})(?P<d>\d{3,})"
+                    r"(?![A-Za-z0-9_]|[.,:/]\d)"
+                ),
+                letter_code,
+                needs=DIGITS,
+            ),
+            Rule(
+                compile_rule(rf"{BEFORE}(?P<a>\d{{1,2}})\s?[*xX]\s?(?P<b>\d{{1,2}})(?=\s?小时)"),
+                times,
+                needs=DIGITS,
+            ),
+            Rule(
+                compile_rule(
                     rf"{BEFORE}(?P<neg>-(?=\d))?(?P<num>{NUM})(?P<scale>万|亿)?"
                     rf"\s?(?P<cur>元|{currency_codes})(?![A-Za-z])"
                 ),
@@ -473,7 +592,8 @@ class Chinese:
             ),
             Rule(
                 compile_rule(
-                    rf"{BEFORE}(?P<neg>-(?=\d))?(?P<num>{NUM})(?:\s?[-~]\s?(?P<num2>{NUM}))?\s?%"
+                    rf"{BEFORE}(?P<neg>-(?=\d))?(?P<num>{NUM})"
+                    rf"(?:%?\s?[-~]\s?(?P<num2>{NUM}))?\s?%"
                 ),
                 percent,
                 needs=DIGITS,
@@ -505,4 +625,8 @@ class Chinese:
             ),
             Rule(compile_rule(r"\s*&\s*"), lambda m: "和", needs="&"),
             Rule(compile_rule(r"\s*@\s*"), lambda m: "艾特", needs="@"),
+            Rule(
+                compile_rule(r"(?<![A-Za-z0-9_'.-])[A-Z]{2,6}(?![A-Za-z0-9_']|\.[A-Za-z])"),
+                acronym,
+            ),
         ]
