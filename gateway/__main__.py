@@ -23,9 +23,10 @@ from aiohttp import web
 
 from engine.ipc.lifetime import die_with_parent, watch_parent
 from gateway import logs
-from gateway.app import AUDIOSOCKET_KEY, SIP_BRIDGE_KEY, RedactingAccessLogger, create_app
+from gateway.app import LEG_SERVICES_KEY, RedactingAccessLogger, create_app
 from gateway.auth import AuthConfigError, TokenVerifier, mint_token
 from gateway.config import ConfigError, GatewaySettings
+from gateway.legs.kinds import check_leg_settings
 from gateway.listener import GuardedSite
 from gateway.relay_endpoint import RelayEndpoint
 from gateway.state import STATE_KEY
@@ -84,6 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
     worker = args.command == "worker"
     try:
         settings = GatewaySettings.from_env(env)
+        check_leg_settings(env)
         hosting = settings.workers > 1 and not worker
         relay = None if hosting else RelayEndpoint.bind(settings, env)
         app = None if hosting else create_app(settings, relay=relay)
@@ -123,14 +125,8 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"Voice gateway listening on {base}{workers}", flush=True)
         if _app is None:
             return
-        bridge = _app.get(SIP_BRIDGE_KEY)
-        if bridge is not None:
-            address = f"{bridge.settings.public_addr}:{bridge.port}"
-            print(f"  SIP       : sip:ivr@{address} (UDP; the demo IVR)", flush=True)
-        listener = _app.get(AUDIOSOCKET_KEY)
-        if listener is not None:
-            address = f"{listener.settings.listen[0]}:{listener.port}"
-            print(f"  AudioSocket: {address} (TCP, for Asterisk's AudioSocket)", flush=True)
+        for service in _app[LEG_SERVICES_KEY]:
+            print(f"  {service.describe()}", flush=True)
 
     if app is None:
         supervisor = HostSupervisor(settings, env)

@@ -11,16 +11,14 @@ from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway import speech_api
-from gateway.audiosocket.listener import AudioSocketListener
 from gateway.auth import TokenVerifier, redact_query
 from gateway.config import GatewaySettings
 from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
 from gateway.errors import ErrorCode
+from gateway.legs.kinds import LEG_KINDS, LegService, leg_routes
 from gateway.metrics import exposition_registry
 from gateway.protocols import PROTOCOLS
 from gateway.relay_endpoint import RelayEndpoint
-from gateway.sip.bridge import SipBridge
-from gateway.sip.routes import load_routes
 from gateway.state import STATE_KEY, GatewayState
 from gateway.voices import api as voices_api
 from gateway.voices.deletions import DeletionChannel
@@ -46,8 +44,9 @@ class RedactingAccessLogger(AbstractAccessLogger):
 
 
 WORKER_HEADER = "X-Gateway-Worker"
-SIP_BRIDGE_KEY = web.AppKey("sip_bridge", SipBridge)  # present when the bridge is on
-AUDIOSOCKET_KEY = web.AppKey("audiosocket", AudioSocketListener)  # present when it is on
+LEG_SERVICES_KEY = web.AppKey("leg_services", list[LegService])  # legs with own listeners
+WEBSOCKET_ROUTES = {**PROTOCOLS, **leg_routes()}
+"""Every WebSocket path the gateway serves: the native protocol's and each leg's."""
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
@@ -147,14 +146,13 @@ def create_app(
 
         app.on_response_prepare.append(name_worker)
     app[STATE_KEY] = state
-    sip_bridge = None
-    if settings.sip is not None:
-        sip_bridge = SipBridge(state, settings.sip, load_routes(settings.sip.routes_path))
-        app[SIP_BRIDGE_KEY] = sip_bridge
-    audiosocket = None
-    if settings.audiosocket is not None:
-        audiosocket = AudioSocketListener(state, settings.audiosocket)
-        app[AUDIOSOCKET_KEY] = audiosocket
+    services = [
+        service
+        for kind in LEG_KINDS
+        if kind.service is not None
+        and (service := kind.service(state, settings.leg_env)) is not None
+    ]
+    app[LEG_SERVICES_KEY] = services
     upload_workers = UploadWorkers(settings.upload_workers)  # processes start at 1st upload
     app[voices_api.UPLOAD_WORKERS_KEY] = upload_workers
 
@@ -166,15 +164,11 @@ def create_app(
         await call_directory.start()
         if registry.deletions is not None:
             registry.deletions.start()
-        if sip_bridge is not None:
-            await sip_bridge.start()
-        if audiosocket is not None:
-            await audiosocket.start()
+        for service in services:
+            await service.start()
         yield
-        if sip_bridge is not None:
-            await sip_bridge.stop()
-        if audiosocket is not None:
-            await audiosocket.stop()
+        for service in reversed(services):
+            await service.stop()
         await state.connections.close()
         await call_directory.stop()
         await state.limits.stop()
@@ -188,7 +182,7 @@ def create_app(
             await redis_client.aclose()
 
     app.cleanup_ctx.append(lifecycle)
-    for path, handler in PROTOCOLS.items():
+    for path, handler in WEBSOCKET_ROUTES.items():
         app.router.add_get(path, handler)
     voices_api.add_routes(app)
     speech_api.add_routes(app)

@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 from engine.ipc.env import ConfigError, env_int
 from gateway.admission import AdmissionSettings
-from gateway.audiosocket.config import AudioSocketSettings
 from gateway.auth import AuthSettings
 from gateway.session import SessionLimits
-from gateway.sip.config import SipSettings
 
 MAX_WORKERS = 256
 WEB_DEMO_DIR = Path(__file__).resolve().parent.parent / "web-demo"
@@ -74,8 +73,9 @@ class GatewaySettings:
     max_uploads: int = 2  # voice uploads in flight per worker; beyond: 429 retry_after_ms
     upload_workers: int = 1  # processes that decode and normalize uploads
     upload_timeout_s: float = 60.0  # to receive a whole upload body
-    sip: SipSettings | None = None  # the SIP bridge (GATEWAY_SIP_LISTEN); None: off
-    audiosocket: AudioSocketSettings | None = None  # GATEWAY_AUDIOSOCKET_LISTEN; None: off
+    #: The environment the legs read their own settings from (``GATEWAY_SIP_*``,
+    #: ``GATEWAY_AUDIOSOCKET_*``: :mod:`gateway.legs.kinds`); this module names no leg.
+    leg_env: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
@@ -128,6 +128,5 @@ class GatewaySettings:
             lease_s=env_int(env, "GATEWAY_LEASE_MS", 10000, minimum=100) / 1000,
             lease_renew_s=env_int(env, "GATEWAY_LEASE_RENEW_MS", 3000, minimum=50) / 1000,
             lease_policy=_policy(env.get("GATEWAY_LEASE_POLICY") or "fail-open"),
-            sip=SipSettings.from_env(env),
-            audiosocket=AudioSocketSettings.from_env(env),
+            leg_env=MappingProxyType(dict(env)),
         )

@@ -83,6 +83,14 @@ class GatewayState:
             connections=connections,
         )
 
+    @property
+    def token_leeway_s(self) -> float:
+        return self.verifier.settings.leeway_s
+
+    @property
+    def default_voice(self) -> str:
+        return self.engine.default_voice
+
     def verify(self, token: str | None, scope: str) -> Principal:
         """Verify a bearer token for ``scope``; raises :class:`AuthError`, counted in
         ``gateway_auth_failures_total`` (the token itself is never logged)."""

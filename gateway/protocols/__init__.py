@@ -1,7 +1,9 @@
-"""Wire protocols, one file each, registered by path.
+"""The gateway's own WebSocket protocol and the connection lifecycle every WebSocket
+protocol shares (:mod:`gateway.protocols.base`).
 
-A protocol module exposes an aiohttp handler; :data:`PROTOCOLS` maps the WebSocket path
-to it, and the application adds one route per entry (a registry, not an if/elif chain).
+:data:`PROTOCOLS` maps the native protocol's path to its handler; the telephony legs that
+arrive as WebSockets add theirs from :data:`gateway.legs.kinds.LEG_KINDS`, and the
+application mounts both (:data:`gateway.app.WEBSOCKET_ROUTES`).
 """
 
 from __future__ import annotations
@@ -10,14 +12,10 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.protocols import asterisk, freeswitch, jambonz, native, twilio
+from gateway.protocols import native
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PROTOCOLS: dict[str, Handler] = {
     "/v1/stream": native.handle_stream,
-    "/v1/twilio": twilio.handle_twilio,
-    "/v1/asterisk": asterisk.handle_asterisk,
-    "/v1/jambonz": jambonz.handle_jambonz,
-    "/v1/freeswitch": freeswitch.handle_freeswitch,
 }

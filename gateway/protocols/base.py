@@ -32,10 +32,11 @@ from typing import Any, ClassVar
 from aiohttp import WSMessage, WSMsgType, web
 
 from gateway.auth import AuthError, Principal
+from gateway.context import ConnectionContext
 from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError
 from gateway.events import SessionEvent
 from gateway.peer_log import PeerLog
-from gateway.state import STATE_KEY, GatewayState
+from gateway.state import STATE_KEY
 from gateway.wsframe import FrameWriter
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,9 @@ class Connection(abc.ABC):
     #: WebSocket subprotocols this protocol accepts (the client's choice is echoed).
     subprotocols: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, ws: web.WebSocketResponse, writer: FrameWriter, state: GatewayState) -> None:
+    def __init__(
+        self, ws: web.WebSocketResponse, writer: FrameWriter, state: ConnectionContext
+    ) -> None:
         self._ws = ws
         self._writer = writer
         self._state = state
@@ -136,7 +139,7 @@ class Connection(abc.ABC):
         return principal
 
     def _schedule_expiry(self, principal: Principal) -> None:
-        grace = self._state.verifier.settings.leeway_s
+        grace = self._state.token_leeway_s
         delay = principal.expires_at + grace - time.time()
         loop = asyncio.get_running_loop()
         self._expiry = loop.call_later(max(0.0, delay), self._token_expired)
@@ -306,7 +309,7 @@ class Connection(abc.ABC):
             await asyncio.sleep(BACKPRESSURE_POLL_S)
 
 
-def _websocket(state: GatewayState, subprotocols: tuple[str, ...]) -> web.WebSocketResponse:
+def _websocket(state: ConnectionContext, subprotocols: tuple[str, ...]) -> web.WebSocketResponse:
     settings = state.settings
     return web.WebSocketResponse(
         max_msg_size=settings.max_message_bytes,

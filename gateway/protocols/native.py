@@ -13,6 +13,7 @@ from aiohttp import web
 
 from gateway.auth import token_from_request
 from gateway.calls import Call
+from gateway.context import LegContext
 from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError
 from gateway.events import CallEnded, CallStarted, ErrorEvent, Ready, SessionEvent
 from gateway.protocols.base import Connection, serve
@@ -33,7 +34,6 @@ from gateway.protocols.native_codec import (
 )
 from gateway.protocols.relay import RELAY_HEADER, Relay, RelayEnd, RelayUnavailable
 from gateway.session import Session, SessionState
-from gateway.state import GatewayState
 from gateway.wsframe import FrameWriter
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,9 @@ class NativeConnection(Connection):
     """One ``/v1/stream`` WebSocket: the native codec over the shared connection base."""
 
     protocol = "native"
+    _state: LegContext  # an application acts on calls as a leg does
 
-    def __init__(self, ws: web.WebSocketResponse, writer: FrameWriter, state: GatewayState) -> None:
+    def __init__(self, ws: web.WebSocketResponse, writer: FrameWriter, state: LegContext) -> None:
         super().__init__(ws, writer, state)
         self.call: Call | None = None  # set when attached to a telephony call here
         self.relay: Relay | None = None  # set when attached to a call held elsewhere

@@ -749,7 +749,7 @@ class JambonzCall(_WebSocketLegCall):
 
     protocol = "jambonz"
     frame_bytes = 320
-    TAIL_FRAMES = 8  # 160 ms (gateway/protocols/jambonz.py, docs/protocol.md)
+    TAIL_FRAMES = 8  # 160 ms (gateway/legs/websocket/jambonz.py, docs/protocol.md)
 
     def __init__(self, spec: CallSpec, recorder: Recorder) -> None:
         super().__init__(spec, recorder)

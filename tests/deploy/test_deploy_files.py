@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
 from engine.backends.base import backend_names
-from gateway.protocols import PROTOCOLS
+from gateway.app import WEBSOCKET_ROUTES
 from gateway.voices.reference_audio import MAX_UPLOAD_BYTES
 from tests.deploy.nginx import NGINX, WAIT_S, Nginx, running_nginx
 from tests.integration.harness import GatewayProcess, NativeClient, free_port
@@ -264,7 +264,7 @@ async def test_other_websocket_protocols_are_upgraded(
     missing token is refused by the gateway after the upgrade, or with its own HTTP error --
     not by nginx)."""
     for path in ("/v1/twilio", "/v1/asterisk", "/v1/jambonz", "/v1/freeswitch"):
-        assert path in PROTOCOLS
+        assert path in WEBSOCKET_ROUTES
         token = gateway.token()
         async with http.ws_connect(f"{nginx.base}{path}?access_token={token}") as ws:
             await ws.close()
@@ -497,7 +497,7 @@ async def test_k8s_probes_ports_and_shutdown(
 def test_k8s_ingress_routes_only_public_paths() -> None:
     ingress = k8s_object("Ingress", "ivr-gateway")
     paths = {p["path"] for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]}
-    assert set(PROTOCOLS) <= paths
+    assert set(WEBSOCKET_ROUTES) <= paths
     assert "/metrics" not in paths and "/readyz" not in paths
     for rule in ingress["spec"]["rules"]:
         for p in rule["http"]["paths"]:

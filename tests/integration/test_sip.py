@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from gateway.sip.routes import DEFAULT_ROUTES
-from gateway.sip.webhook import signature
+from gateway.legs.sip.routes import DEFAULT_ROUTES
+from gateway.legs.sip.webhook import signature
 from tests.integration import caller_audio
 from tests.integration.conftest import Connect
 from tests.integration.harness import (

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import cast
 
 from aiohttp import WSMessage, WSMsgType
 
@@ -13,6 +14,7 @@ from gateway.auth import mint_token
 from gateway.connections import shutting_down
 from gateway.protocols.native import NativeConnection
 from gateway.session import Session, SessionState
+from gateway.state import GatewayState
 from gateway.wsframe import FrameWriter
 from tests.gateway.fake_engine_stream import FakeStream
 from tests.gateway.protocols.test_connection_fuzz import (
@@ -55,8 +57,13 @@ def connection(tmp_path: Path) -> tuple[NativeConnection, OpenWebSocket, FakeEng
     return conn, ws, engine
 
 
+def state_of(conn: NativeConnection) -> GatewayState:
+    """The worker state the test built (the connection sees it as a narrow context)."""
+    return cast(GatewayState, conn._state)
+
+
 def assert_released(conn: NativeConnection, engine: FakeEngine) -> None:
-    state = conn._state
+    state = state_of(conn)
     assert conn.session.state is SessionState.CLOSED
     assert state.limits.held == 0 and state.limits.leases.local_count("t") == 0
     assert all(stream.closed == 1 for stream in engine.streams)
@@ -65,7 +72,7 @@ def assert_released(conn: NativeConnection, engine: FakeEngine) -> None:
 
 async def test_ended_while_the_lease_is_being_acquired(tmp_path: Path) -> None:
     conn, _ws, engine = connection(tmp_path)
-    limits = conn._state.limits
+    limits = state_of(conn).limits
     acquire = limits.acquire_lease
 
     async def slow_acquire(session: Session) -> None:
@@ -108,7 +115,7 @@ async def test_the_handler_cancelled_during_the_release_still_closes_the_stream(
     tmp_path: Path,
 ) -> None:
     conn, _ws, engine = connection(tmp_path)
-    limits = conn._state.limits
+    limits = state_of(conn).limits
     release = limits.release_lease
 
     async def slow_release(session: Session) -> None:

@@ -32,10 +32,10 @@ from hypothesis import strategies as st
 from gateway.auth import AuthSettings, mint_token
 from gateway.config import GatewaySettings
 from gateway.errors import CloseCode
-from gateway.protocols.asterisk import AsteriskLeg
+from gateway.legs.websocket.asterisk import AsteriskLeg
+from gateway.legs.websocket.twilio import TwilioLeg
 from gateway.protocols.base import Connection
 from gateway.protocols.native import NativeConnection
-from gateway.protocols.twilio import TwilioLeg
 from gateway.session import Session, SessionState
 from gateway.state import GatewayState
 from gateway.voices.store import FileVoiceStore
