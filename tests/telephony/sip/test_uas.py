@@ -1301,7 +1301,21 @@ def test_dialog_table_and_application_triggers() -> None:
 
 # --------------------------------------------------------------------------- robustness
 
-SEEDS = [INVITE, RECORD_ROUTED, cancel(), ack("t"), msg("BYE", branch="z9hG4bKb", cseq=2)]
+SEEDS = [
+    INVITE,
+    RECORD_ROUTED,
+    cancel(),
+    ack("t"),
+    msg("BYE", branch="z9hG4bKb", cseq=2),
+    # a Via naming another address every way a client can (issue 29)
+    msg(
+        "OPTIONS",
+        branch="unused",
+        cseq=3,
+        via=f"SIP/2.0/UDP 203.0.113.9:5062;received={VICTIM};branch=z9hG4bKo;maddr={VICTIM}",
+    ),
+    INVITE.replace(b";rport\r\n", f";rport=9;received={VICTIM}\r\n".encode(), 1),
+]
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)
