@@ -925,9 +925,13 @@ def test_client_supplied_received_rport_and_maddr_are_never_a_destination(
     assert response_destination(parse_via(via), PHONE)[0] == PHONE[0]
 
 
-def test_a_404_and_its_retransmissions_go_to_the_source_not_the_named_address() -> None:
+@pytest.mark.parametrize("answered", [False, True])
+def test_a_404_and_its_retransmissions_go_to_the_source_not_the_named_address(
+    answered: bool,
+) -> None:
     """The found amplification: an INVITE naming a victim in received, refused with a
-    final response that is retransmitted until the ACK (17.2.1 timer G)."""
+    final response that is retransmitted until the ACK (17.2.1 timer G); or answered, the
+    2xx retransmitted by the core until the ACK (13.3.1.4), then the BYE of its timeout."""
     uas = make_uas()
     via = f"SIP/2.0/UDP 203.0.113.9:5062;branch=z9hG4bKamp;received={VICTIM}"
     invite = INVITE.replace(
@@ -935,12 +939,18 @@ def test_a_404_and_its_retransmissions_go_to_the_source_not_the_named_address() 
     )
     [call] = uas.receive(invite, PHONE, 0.0)
     assert isinstance(call, IncomingCall)
-    uas.reject(call.dialog, 404, "Not Found", now=0.0)
+    if answered:
+        uas.answer(call.dialog, ANSWER, 0.0)
+    else:
+        uas.reject(call.dialog, 404, "Not Found", now=0.0)
     destinations = [d for _, d in uas.outgoing()]
     for _, _, datagrams in fire_all(uas, TIMEOUT + 1):
         destinations += [d for _, d in datagrams]
-    assert len(destinations) >= 2 + 5  # 100, 404 and its retransmissions
-    assert set(destinations) == {("203.0.113.9", 5062)}
+    assert len(destinations) >= 2 + 5  # 100, the final response and its retransmissions
+    if answered:  # the 2xx along the Via; the BYE of ack_timeout along the flow (12.2.1.1)
+        assert set(destinations) == {("203.0.113.9", 5062), PHONE}
+    else:
+        assert set(destinations) == {("203.0.113.9", 5062)}
 
 
 @pytest.mark.parametrize(
