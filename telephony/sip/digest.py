@@ -19,14 +19,21 @@ Contract:
   ``qop`` are kept but play no part in the response (RFC 2617 3.2.2).
 * :meth:`DigestAuthenticator.verify` checks credentials against a request and returns a
   :class:`DigestResult`; it never raises on what a peer sent. Its verdicts, by precedence:
-  ``WRONG_REALM``, ``BAD_NONCE`` (not one of ours for this source host and realm, or an
-  algorithm we do not offer), ``UNKNOWN_USER``, ``WRONG_URI`` (the ``uri`` parameter is not
-  the Request-URI, compared as exact strings, RFC 2617 3.2.2.5), ``WRONG`` (the response),
-  ``STALE`` (the right password on a nonce older than ``nonce_lifetime_s`` or from more
-  than one second in the future: challenge again with ``stale=true`` and the UAC retries
-  without asking its user, RFC 2617 3.2.1), ``OK``. The expected response is computed
-  for an unknown user too (with a dummy password), so that timing does not tell which
-  users exist; a UAS that answers ``UNKNOWN_USER`` and ``WRONG`` alike keeps that secret.
+  ``BAD_NONCE`` (not one of ours for this source host and realm, or an algorithm we do not
+  offer), ``WRONG_REALM`` (one of our nonces, another realm), ``STALE`` (one of our nonces
+  for this host, older than ``nonce_lifetime_s`` or from more than one second in the
+  future: challenge again with ``stale=true``, RFC 2617 3.2.1; the response is not looked
+  at, so a stale nonce tells nothing of the password), ``UNKNOWN_USER``, ``WRONG_URI``
+  (the ``uri`` parameter is not the Request-URI, compared as exact strings, RFC 2617
+  3.2.2.5), ``WRONG`` (the response), ``OK``. The expected response is computed for an
+  unknown user too (with a dummy password), so that timing does not tell which users
+  exist; a UAS that answers ``UNKNOWN_USER`` and ``WRONG`` alike keeps that secret.
+* Failed guesses (:attr:`DigestVerdict.failed_guess`): only ``UNKNOWN_USER``,
+  ``WRONG_URI`` and ``WRONG``, the verdicts of a response computed over a valid, unexpired
+  nonce that this authenticator issued to the source host. A lockout counts these and
+  nothing else: a wrong realm, a foreign, forged or old nonce and an ``Authorization``
+  that does not parse are not guesses at the password, and anyone can send them in
+  another host's name over UDP (the nonce only reaches the host it was issued to).
 * :func:`digest_response` is the computation itself (RFC 2617 3.2.2.1, RFC 7616 3.4.1),
   also what a test UAC needs to answer a challenge.
 
@@ -149,10 +156,21 @@ class DigestVerdict(enum.StrEnum):
     WRONG_REALM = "wrong_realm"
     WRONG_URI = "wrong_uri"
 
+    @property
+    def failed_guess(self) -> bool:
+        """A response computed over a valid, unexpired nonce of ours for the source host
+        that is not right: the only verdicts a lockout may count (module docstring)."""
+        return self in _FAILED_GUESSES
+
+
+_FAILED_GUESSES: Final = frozenset(
+    {DigestVerdict.UNKNOWN_USER, DigestVerdict.WRONG_URI, DigestVerdict.WRONG}
+)
+
 
 @dataclass(frozen=True, slots=True)
 class DigestResult:
-    """A verdict; ``username`` is set when the password was right (``OK`` and ``STALE``)."""
+    """A verdict; ``username`` is set when the password was right (``OK`` only)."""
 
     verdict: DigestVerdict
     username: str | None = None
@@ -422,11 +440,16 @@ class DigestAuthenticator:
         """Check ``credentials`` sent with a ``method`` request to ``request_uri`` from
         ``source_host`` at ``now``; the verdicts are in the module docstring."""
         _check_now(now)
-        if credentials.realm != self._realm:
-            return DigestResult(DigestVerdict.WRONG_REALM)
+        # The nonce first: nothing else is looked at unless this host was sent it.
         issued_ms = self._check_nonce(credentials.nonce, source_host)
         if issued_ms is None or credentials.algorithm not in self._algorithms:
             return DigestResult(DigestVerdict.BAD_NONCE)
+        if credentials.realm != self._realm:
+            return DigestResult(DigestVerdict.WRONG_REALM)
+        age = now - issued_ms / 1000
+        if age < -_FUTURE_TOLERANCE_S or age > self._lifetime:
+            # Not checked: whether stale=true follows must not tell a right password.
+            return DigestResult(DigestVerdict.STALE)
         password = self._passwords.get(credentials.username)
         # Computed whether or not the user exists: the work, and so the time, is the same.
         expected = digest_response(
@@ -450,9 +473,6 @@ class DigestAuthenticator:
             return DigestResult(DigestVerdict.WRONG_URI)
         if not matches:
             return DigestResult(DigestVerdict.WRONG)
-        age = now - issued_ms / 1000
-        if age < -_FUTURE_TOLERANCE_S or age > self._lifetime:
-            return DigestResult(DigestVerdict.STALE, credentials.username)
         return DigestResult(DigestVerdict.OK, credentials.username)
 
     # ----------------------------------------------------------------------- nonces

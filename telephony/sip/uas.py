@@ -43,11 +43,17 @@ What the core does on its own:
 
 Where datagrams go (a deliberate choice for a UAS that faces NATed phones and SBCs):
 
-* Responses (18.2.2, RFC 3581): when the request's top Via has ``rport``, to the
-  request's source address, with ``received`` and ``rport`` filled in; otherwise to the
-  Via's ``received`` address (added by 18.2.1 whenever sent-by is not the source's IP
-  literal: so never to a name, and never a DNS lookup) and the sent-by port, default 5060.
-  ``maddr`` is ignored (multicast is out of scope).
+* Responses (18.2.2, RFC 3581) go only to where the request came from. The core sets
+  ``received`` in the top Via to the packet's source address on every request it answers,
+  replacing any ``received`` the client wrote itself, and when the Via has ``rport`` (with
+  or without a value) sets it to the packet's source port. With ``rport``, a response goes
+  to the source address and port; without it, to the source address at the sent-by port
+  (default 5060; the sent-by host is never looked up). A client's own ``received``,
+  ``rport`` value and ``maddr`` are never a destination: the host is always the packet's
+  source, so a request cannot aim its responses (and their retransmissions, which follow
+  the transaction's destination) at another address. A stateless refusal through
+  :meth:`SipUas.refuse` (an untrusted or rate-limited source) goes to the packet's source
+  address and port, whatever the Via says.
 * Requests we send in a dialog (BYE, REFER) go to the source address of the INVITE that
   created it: the flow. Not to the remote target or the route set's first hop, which
   behind a NAT are unreachable private addresses, and resolving them would need DNS. The
@@ -243,21 +249,20 @@ SipEvent: TypeAlias = (
 
 
 def response_destination(via: Via, source: Address) -> Address:
-    """Where a response goes (18.2.2 for unreliable transports, RFC 3581 section 4).
+    """Where a response to a request from ``source`` goes (18.2.2 for unreliable
+    transports, RFC 3581 section 4), never anywhere but the source's address.
 
-    ``via`` is the request's top Via after :meth:`SipUas` added ``received``/``rport``:
-    with ``rport``, the source address (the ``received``/``rport`` values); else the
-    ``received`` address or sent-by host when it is an IP literal, at the sent-by port
-    (default 5060); a domain name is never resolved: the source address then.
+    ``via`` is the request's top Via. With ``rport``, the source address and port; else the
+    source address at the sent-by port (default 5060), or the source port when sent-by is
+    a name without a port and no ``received`` was added (never a DNS lookup). The Via's
+    ``received``, ``rport`` value and ``maddr`` are the client's word and never used: the
+    core writes the true ones (:meth:`SipUas` annotates every request it answers).
     """
     if via.has_param("rport"):
-        host = ip_literal(via.received or "") or source[0]
-        return host, via.rport or source[1]
-    for candidate in (via.received, via.host):
-        address = ip_literal(candidate or "")
-        if address is not None:
-            return address, via.port or 5060
-    return source
+        return source
+    if via.port is None and ip_literal(via.host) is None and not via.has_param("received"):
+        return source
+    return source[0], via.port or 5060
 
 
 def _server_key(request: SipRequest, top: Via, method: str | None = None) -> TxKey:
@@ -448,8 +453,8 @@ class SipUas:
         if isinstance(message, SipResponse) or message.method == "ACK":
             self.dropped += 1
             return
-        top = self._annotate_via(message, source)
-        self._respond_stateless(message, top, source, status, reason, headers)
+        self._annotate_via(message, source)
+        self._respond_stateless(message, source, status, reason, headers)
 
     def _answer_unparseable(self, exc: SipParseError, source: Address) -> None:
         request = exc.partial
@@ -465,22 +470,28 @@ class SipUas:
         except (SipParseError, IndexError):
             self.dropped += 1  # no Via we can answer along
             return
-        self._respond_stateless(request, top, source, exc.status, exc.reason)
+        self._respond_stateless(request, response_destination(top, source), exc.status, exc.reason)
 
     def _annotate_via(self, request: SipRequest, source: Address) -> Via:
-        """18.2.1 and RFC 3581 section 4: add ``received`` to the top Via when sent-by is
-        not the source's IP (always, with ``rport``), and fill in a valueless ``rport``.
+        """18.2.1 and RFC 3581 section 4: set ``received`` in the top Via to the source's
+        address (always, replacing every ``received`` the client wrote) and, when the Via
+        has ``rport``, set ``rport`` to the source's port (replacing a client's value).
         Returns the top Via as it now is. Raises on a request with no parseable Via."""
         first = request.headers.raw("Via")[0]
         values = split_list(first)
         top = parse_via(values[0])
-        annotated = top
-        if top.has_param("rport"):
-            annotated = annotated.with_param("received", source[0])
-            if top.rport is None:
-                annotated = annotated.with_param("rport", str(source[1]))
-        elif ip_literal(top.host) is None or ip_literal(top.host) != ip_literal(source[0]):
-            annotated = annotated.with_param("received", source[0])
+        params: list[tuple[str, str | None]] = []
+        rport = False
+        for name, value in top.params:
+            lowered = name.lower()
+            if lowered == "received" or (lowered == "rport" and rport):
+                continue  # the client's own: never kept (a duplicate rport goes too)
+            if lowered == "rport":
+                rport = True
+                value = str(source[1])
+            params.append((name, value))
+        params.append(("received", source[0]))
+        annotated = replace(top, params=tuple(params))
         if annotated != top:
             values[0] = str(annotated)
             request.headers.replace_first("Via", ", ".join(values))
@@ -491,8 +502,7 @@ class SipUas:
     def _respond_stateless(
         self,
         request: SipRequest,
-        top: Via,
-        source: Address,
+        destination: Address,
         status: int,
         reason: str | None,
         headers: Sequence[tuple[str, str]] = (),
@@ -504,7 +514,7 @@ class SipUas:
             to_tag=self._new_tag(),
             headers=[*headers, ("Server", self.user_agent)],
         )
-        self._send(serialize(response), response_destination(top, source))
+        self._send(serialize(response), destination)
         self.responses_sent[status] += 1
 
     def _respond(
@@ -624,7 +634,7 @@ class SipUas:
             return
         if len(self._server) >= self._max_transactions and not self._exempt(request, top):
             self._respond_stateless(
-                request, top, source, 503, "Service Unavailable", [self._retry_after()]
+                request, destination, 503, "Service Unavailable", [self._retry_after()]
             )
             return
         if method == "CANCEL":

@@ -10,16 +10,31 @@ before the SIP core sees it:
   a restart) or an old one: **challenge** (401 with ``WWW-Authenticate``, stateless: the
   nonce carries its own proof). Right credentials: **accept**, billed to the trunk's
   tenant; an INVITE's Call-ID is then remembered for that source host (an OPTIONS is
-  answered and forgotten). Wrong password, unknown user, a digest for another URI:
-  **forbid** (403); a malformed ``Authorization``: **bad request** (400);
+  answered and forgotten). Wrong password, unknown user, a digest for another URI, a
+  realm not ours: **forbid** (403); a malformed ``Authorization``: **bad request** (400);
 - anything else (ACK, CANCEL, BYE, a re-INVITE, responses) gets in only when its Call-ID
   is remembered for its source host; an ACK that is not (the ACK of our 401) is
   **dropped**; the rest is forbidden.
 
-Limits: a source host with :data:`MAX_FAILURES` failed digests in
-:data:`FAILURE_WINDOW_S` is refused without checking for as long (no online password
-guessing at line rate); each host may have ``max_calls_per_host`` remembered Call-IDs and
-all hosts ``max_calls`` (beyond: **busy**, 503). A Call-ID is kept while a call with it
+Lockout (no online password guessing at line rate, and no locking a trunk out by
+forgery): a failed guess is only a response computed over a valid, unexpired nonce that
+this gateway issued to the source host (``DigestVerdict.failed_guess``: a wrong password,
+an unknown user, a digest for another URI). A malformed ``Authorization``, a realm not
+ours, and a nonce that is foreign, forged, issued to another host or expired count
+nothing: anyone can send those in a trunk's name over UDP, while a nonce only reaches the
+host it was issued to (the 401 goes to the packet's source and nowhere else). Failures
+are counted per credential and source, the pair (source host, username):
+:data:`MAX_FAILURES` in :data:`FAILURE_WINDOW_S` lock that pair out until the window
+ends (**forbid**, reason ``bad_credentials``, whatever the password), and only that
+pair: the same username from another host, and other usernames from that host, are
+checked as before. A right password clears its pair's count. The table holds at most
+:data:`MAX_FAILURE_ENTRIES` pairs; when it is full, expired entries go first, then the
+oldest one not locked out, then the oldest. So only a party that receives the trunk's
+own challenges (the trunk, or someone on its path) can lock the trunk's username out at
+the trunk's address.
+
+Other limits: each host may have ``max_calls_per_host`` remembered Call-IDs and all
+hosts ``max_calls`` (beyond: **busy**, 503). A Call-ID is kept while a call with it
 lives and :data:`LINGER_S` after (its last transactions), or :data:`LINGER_S` when no call
 came of it (a 404, a 488, a lost ACK).
 """
@@ -44,7 +59,15 @@ from telephony.sip.digest import (
     parse_authorization,
 )
 
-__all__ = ["LINGER_S", "MAX_FAILURES", "Admission", "TrunkGate", "Verdict"]
+__all__ = [
+    "FAILURE_WINDOW_S",
+    "LINGER_S",
+    "MAX_FAILURES",
+    "MAX_FAILURE_ENTRIES",
+    "Admission",
+    "TrunkGate",
+    "Verdict",
+]
 
 log = logging.getLogger(__name__)
 _digest_log = PeerLog(log, "sip digest")  # anyone can fail a digest: rate-limited
@@ -53,7 +76,7 @@ _digest_log = PeerLog(log, "sip digest")  # anyone can fail a digest: rate-limit
 LINGER_S = 32.0
 MAX_FAILURES = 5
 FAILURE_WINDOW_S = 60.0
-MAX_FAILURE_HOSTS = 4096
+MAX_FAILURE_ENTRIES = 4096  # (source host, username) pairs with failures
 CHALLENGED_METHODS = frozenset({"INVITE", "OPTIONS"})
 _DEFAULT_PORTS = {"sip": 5060, "sips": 5061}
 
@@ -124,7 +147,7 @@ class TrunkGate:
         self._max_per_host = max_calls_per_host or max_calls
         self._known: dict[tuple[str, str], _Known] = {}  # (host, Call-ID)
         self._per_host: dict[str, int] = {}
-        self._failures: dict[str, _Failures] = {}
+        self._failures: dict[tuple[str, str], _Failures] = {}  # (host, username)
         self._auth = (
             DigestAuthenticator(
                 realm=realm,
@@ -166,12 +189,9 @@ class TrunkGate:
         header = message.headers.get("Authorization")
         if header is None:
             return self._challenge(auth, wall, host)
-        if self._blocked(host, now):
-            return Admission(Verdict.FORBID, reason="bad_credentials")
         try:
             credentials = parse_authorization(header)
-        except DigestError as exc:
-            self._failed(host, now)
+        except DigestError as exc:  # no guess at a password: counts nothing
             _digest_log.info("from %s: malformed Authorization: %s", host, exc.code)
             return Admission(Verdict.BAD_REQUEST, reason="bad_credentials")
         uri = credentials.uri if _same_target(credentials.uri, message.uri) else message.uri
@@ -179,10 +199,16 @@ class TrunkGate:
             credentials, method=message.method, request_uri=uri, source_host=host, now=wall
         )
         if result.verdict is DigestVerdict.STALE or result.verdict is DigestVerdict.BAD_NONCE:
-            # an old nonce, or one this worker did not issue (a restart): ask again
+            # an old nonce, or one this worker did not issue to this host (a restart, a
+            # forgery): ask again; counts nothing
             return self._challenge(auth, wall, host, stale=result.verdict is DigestVerdict.STALE)
+        key = (host, credentials.username)
+        if self._locked_out(key, now):  # whatever the password: no guessing on
+            _digest_log.info("from %s for user %r: locked out", host, credentials.username[:64])
+            return Admission(Verdict.FORBID, reason="bad_credentials")
         if result.verdict is not DigestVerdict.OK or result.username is None:
-            self._failed(host, now)
+            if result.verdict.failed_guess:  # not a realm not ours
+                self._failed(key, now)
             _digest_log.info(
                 "from %s for user %r refused: %s (uri %r, Request-URI %r)",
                 host,
@@ -192,6 +218,7 @@ class TrunkGate:
                 message.uri[:128],
             )
             return Admission(Verdict.FORBID, reason="bad_credentials")
+        self._failures.pop(key, None)
         tenant = self._trunks[result.username].tenant
         if message.method == "INVITE" and not self._remember(host, call_id, tenant, now):
             return Admission(Verdict.BUSY, reason="trunk_calls")
@@ -221,6 +248,12 @@ class TrunkGate:
     @property
     def known_calls(self) -> int:
         return len(self._known)
+
+    @property
+    def failure_entries(self) -> int:
+        """(source host, username) pairs with failed guesses held (at most
+        :data:`MAX_FAILURE_ENTRIES`)."""
+        return len(self._failures)
 
     def _challenge(
         self, auth: DigestAuthenticator, wall: float, host: str, *, stale: bool = False
@@ -258,19 +291,30 @@ class TrunkGate:
             else:
                 del self._per_host[key[0]]
 
-    def _blocked(self, host: str, now: float) -> bool:
-        failures = self._failures.get(host)
+    def _locked_out(self, key: tuple[str, str], now: float) -> bool:
+        failures = self._failures.get(key)
         if failures is None or now - failures.since > FAILURE_WINDOW_S:
             return False
         return failures.count >= MAX_FAILURES
 
-    def _failed(self, host: str, now: float) -> None:
-        failures = self._failures.get(host)
-        if failures is None or now - failures.since > FAILURE_WINDOW_S:
-            if len(self._failures) >= MAX_FAILURE_HOSTS:
-                stale = [h for h, f in self._failures.items() if now - f.since > FAILURE_WINDOW_S]
-                for old in stale or [next(iter(self._failures))]:
-                    del self._failures[old]
-            self._failures[host] = _Failures(1, now)
-        else:
+    def _failed(self, key: tuple[str, str], now: float) -> None:
+        failures = self._failures.get(key)
+        if failures is not None and now - failures.since <= FAILURE_WINDOW_S:
             failures.count += 1
+            return
+        self._failures.pop(key, None)
+        if len(self._failures) >= MAX_FAILURE_ENTRIES:
+            self._evict(now)
+        self._failures[key] = _Failures(1, now)
+
+    def _evict(self, now: float) -> None:
+        """Room for one entry: every expired one goes; else the oldest that is not locked
+        out (so flooding the table does not free a locked-out pair); else the oldest."""
+        expired = [k for k, f in self._failures.items() if now - f.since > FAILURE_WINDOW_S]
+        for key in expired:
+            del self._failures[key]
+        if expired:
+            return
+        oldest = next(iter(self._failures))
+        unlocked = (k for k, f in self._failures.items() if f.count < MAX_FAILURES)
+        del self._failures[next(unlocked, oldest)]

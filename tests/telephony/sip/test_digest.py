@@ -375,10 +375,12 @@ def test_stale_by_age() -> None:
     auth = authenticator(nonce_lifetime_s=300.0)
     credentials = answer(auth)
     assert check(auth, credentials, now=T0 + 300).verdict is DigestVerdict.OK
-    assert check(auth, credentials, now=T0 + 300.01) == DigestResult(DigestVerdict.STALE, USER)
-    # STALE only for the right password: a wrong one on an old nonce is just wrong.
+    assert check(auth, credentials, now=T0 + 300.01) == DigestResult(DigestVerdict.STALE)
+    # An old nonce is STALE whatever the password (issue 29): the response is not looked
+    # at, so stale=true tells nothing, and a guess on an old nonce counts as none.
     wrong = answer(auth, password="guess")
-    assert check(auth, wrong, now=T0 + 3600) == DigestResult(DigestVerdict.WRONG)
+    assert check(auth, wrong, now=T0 + 3600) == DigestResult(DigestVerdict.STALE)
+    assert not DigestVerdict.STALE.failed_guess
 
 
 def test_stale_from_the_future() -> None:
@@ -491,18 +493,86 @@ def test_algorithm_not_offered() -> None:
 def test_verdict_precedence() -> None:
     auth = authenticator()
     late = T0 + 3600
-    # wrong realm beats a bad nonce
+    # a bad nonce beats a wrong realm (issue 29: the nonce is checked first), an unknown
+    # user and a wrong password
     bad_realm = answer(auth, realm="x", nonce="junk")
-    assert check(auth, bad_realm).verdict is DigestVerdict.WRONG_REALM
-    # a bad nonce beats an unknown user
+    assert check(auth, bad_realm).verdict is DigestVerdict.BAD_NONCE
     assert check(auth, answer(auth, username="x", nonce="junk")).verdict is DigestVerdict.BAD_NONCE
-    # an unknown user beats a wrong uri
+    # a wrong realm beats a stale nonce and everything after it
+    stale_realm = answer(auth, realm="x", username="x", password="guess")
+    assert check(auth, stale_realm, uri="sip:else", now=late).verdict is DigestVerdict.WRONG_REALM
+    # a stale nonce beats an unknown user, a wrong uri and a wrong password
     unknown = answer(auth, username="x")
-    assert check(auth, unknown, uri="sip:else").verdict is DigestVerdict.UNKNOWN_USER
-    # a wrong uri beats a wrong password, and a stale nonce
+    assert check(auth, unknown, uri="sip:else", now=late).verdict is DigestVerdict.STALE
     wrong = answer(auth, password="guess")
-    assert check(auth, wrong, uri="sip:else", now=late).verdict is DigestVerdict.WRONG_URI
-    assert check(auth, answer(auth), uri="sip:else", now=late).verdict is DigestVerdict.WRONG_URI
+    assert check(auth, wrong, uri="sip:else", now=late).verdict is DigestVerdict.STALE
+    assert check(auth, answer(auth), uri="sip:else", now=late).verdict is DigestVerdict.STALE
+    # an unknown user beats a wrong uri
+    assert check(auth, unknown, uri="sip:else").verdict is DigestVerdict.UNKNOWN_USER
+    # a wrong uri beats a wrong password
+    assert check(auth, wrong, uri="sip:else").verdict is DigestVerdict.WRONG_URI
+
+
+# --------------------------------------------------------------------------- failed guesses
+
+
+def test_only_a_response_over_a_valid_nonce_is_a_failed_guess() -> None:
+    """The found lockout (issue 29): what a forger can send in a trunk's name without
+    seeing its challenges counts as no guess; the verdicts of a response computed over a
+    valid, unexpired nonce issued to that host do."""
+    assert {v for v in DigestVerdict if v.failed_guess} == {
+        DigestVerdict.UNKNOWN_USER,
+        DigestVerdict.WRONG_URI,
+        DigestVerdict.WRONG,
+    }
+    auth = authenticator()
+    ours = nonce_of(auth)
+    # Byte for byte what a forger sends: no nonce of ours for this host can be in it.
+    forged = [
+        # the found case: a wrong realm (and a made-up nonce)
+        f'Digest username="{USER}",realm="evil",nonce="x",uri="{URI}",'
+        f'response="{"0" * 64}",algorithm=SHA-256',
+        # the realm right, a nonce made up in our format
+        f'Digest username="{USER}",realm="{REALM}",nonce="{"A" * 54}",uri="{URI}",'
+        f'response="{"0" * 32}",algorithm=MD5',
+        # a nonce of ours, issued to another host
+        f'Digest username="{USER}",realm="{REALM}",nonce="{nonce_of(auth, host="192.0.2.66")}",'
+        f'uri="{URI}",response="{"0" * 64}",algorithm=SHA-256',
+        # a nonce of another gateway (another secret)
+        f'Digest username="{USER}",realm="{REALM}",'
+        f'nonce="{nonce_of(authenticator(secret=b"another gateway secret, 32 bytes"))}",'
+        f'uri="{URI}",response="{"0" * 64}",algorithm=SHA-256',
+        # our nonce for this host, another realm: not computed over our realm
+        f'Digest username="{USER}",realm="evil",nonce="{ours}",uri="{URI}",'
+        f'response="{"0" * 64}",algorithm=SHA-256',
+    ]
+    verdicts = [check(auth, parse_authorization(value)).verdict for value in forged]
+    assert verdicts == [DigestVerdict.BAD_NONCE] * 4 + [DigestVerdict.WRONG_REALM]
+    assert not any(verdict.failed_guess for verdict in verdicts)
+    # our nonce, expired: the same answer for a wrong password and the right one
+    old_wrong = f'Digest username="{USER}",realm="{REALM}",nonce="{ours}",uri="{URI}",' + (
+        f'response="{"0" * 64}",algorithm=SHA-256'
+    )
+    late = T0 + 301
+    assert check(auth, parse_authorization(old_wrong), now=late) == DigestResult(
+        DigestVerdict.STALE
+    )
+    assert check(auth, answer(auth), now=late) == DigestResult(DigestVerdict.STALE)
+    # a valid, unexpired nonce of ours for this host: wrong answers are guesses
+    guesses = [
+        check(auth, answer(auth, password="guess")),
+        check(auth, answer(auth, username="mallory")),
+        check(auth, answer(auth), uri="sip:other@198.51.100.2"),
+        check(auth, parse_authorization(old_wrong)),
+    ]
+    assert [g.verdict for g in guesses] == [
+        DigestVerdict.WRONG,
+        DigestVerdict.UNKNOWN_USER,
+        DigestVerdict.WRONG_URI,
+        DigestVerdict.WRONG,
+    ]
+    assert all(g.verdict.failed_guess for g in guesses)
+    assert not DigestVerdict.OK.failed_guess and not DigestVerdict.STALE.failed_guess
 
 
 # --------------------------------------------------------------------------- construction

@@ -30,16 +30,19 @@ from telephony.sip import (
     ReferResult,
     ReInvite,
     SipEvent,
+    SipParseError,
     SipRequest,
     SipResponse,
     SipUas,
     SipUri,
     SipUsageError,
     UsageErrorCode,
+    Via,
     parse_message,
     parse_name_addr,
     parse_via,
     response_destination,
+    split_list,
 )
 
 GW = ("192.0.2.1", 5060)
@@ -825,11 +828,12 @@ def test_bye_while_a_reinvite_is_pending() -> None:
             "SIP/2.0/UDP 198.51.100.4;rport=5060;branch=z9hG4bKb;received=198.51.100.4",
             ("198.51.100.4", 5060),
         ),
-        # 18.2.2: no rport, sent-by is the source IP: to the sent-by port, not the source's
+        # 18.2.2: no rport, sent-by is the source IP: to the sent-by port, not the source's;
+        # received is set on every request answered (issue 29), equal or not
         (
             "SIP/2.0/UDP 198.51.100.4:5070;branch=z9hG4bKc",
             ("198.51.100.4", 33333),
-            "SIP/2.0/UDP 198.51.100.4:5070;branch=z9hG4bKc",
+            "SIP/2.0/UDP 198.51.100.4:5070;branch=z9hG4bKc;received=198.51.100.4",
             ("198.51.100.4", 5070),
         ),
         # 18.2.1: sent-by is another address: received, and the sent-by port
@@ -865,6 +869,120 @@ def test_received_rport_and_response_destinations(
     assert response.headers.get("Via") == expected_via
     assert sent_to == destination
     assert response_destination(parse_via(expected_via), source) == destination
+
+
+VICTIM = "198.51.100.99"  # an address a request names but never sent from
+
+
+@pytest.mark.parametrize(
+    ("via", "expected_via", "destination"),
+    [
+        # the found case (issue 29): sent-by is the source's IP, no rport, the client's
+        # own received names a victim: the core writes the true received, and the
+        # response goes to the source's IP at the sent-by port
+        (
+            f"SIP/2.0/UDP 203.0.113.9:5062;branch=z9hG4bKv1;received={VICTIM}",
+            "SIP/2.0/UDP 203.0.113.9:5062;branch=z9hG4bKv1;received=203.0.113.9",
+            ("203.0.113.9", 5062),
+        ),
+        # rport with the client's own value and received: both replaced by the source's
+        (
+            f"SIP/2.0/UDP 10.0.0.7:5062;branch=z9hG4bKv2;rport=9;received={VICTIM}",
+            "SIP/2.0/UDP 10.0.0.7:5062;branch=z9hG4bKv2;rport=40000;received=203.0.113.9",
+            PHONE,
+        ),
+        # received before rport, twice, in another case: every one of the client's goes
+        (
+            f"SIP/2.0/UDP 10.0.0.7:5062;RECEIVED={VICTIM};branch=z9hG4bKv3;received=10.9.9.9"
+            ";rport=7;rport",
+            "SIP/2.0/UDP 10.0.0.7:5062;branch=z9hG4bKv3;rport=40000;received=203.0.113.9",
+            PHONE,
+        ),
+        # maddr is never a destination (kept in the echo: it is the client's Via)
+        (
+            f"SIP/2.0/UDP 203.0.113.9;branch=z9hG4bKv4;maddr={VICTIM};ttl=1",
+            f"SIP/2.0/UDP 203.0.113.9;branch=z9hG4bKv4;maddr={VICTIM};ttl=1;received=203.0.113.9",
+            ("203.0.113.9", 5060),
+        ),
+        # an IPv6 received from the client, an IPv4 source
+        (
+            "SIP/2.0/UDP 203.0.113.9:5062;branch=z9hG4bKv5;received=[2001:db8::9]",
+            "SIP/2.0/UDP 203.0.113.9:5062;branch=z9hG4bKv5;received=203.0.113.9",
+            ("203.0.113.9", 5062),
+        ),
+    ],
+)
+def test_client_supplied_received_rport_and_maddr_are_never_a_destination(
+    via: str, expected_via: str, destination: tuple[str, int]
+) -> None:
+    uas = make_uas()
+    uas.receive(msg("OPTIONS", branch="unused", cseq=1, via=via), PHONE, 0.0)
+    [(data, sent_to)] = uas.outgoing()
+    assert data.startswith(b"SIP/2.0 200 OK\r\n")
+    assert f"\r\nVia: {expected_via}\r\n".encode() in data
+    assert sent_to == destination
+    # the helper alone, given the client's Via as it came: never the named address
+    assert response_destination(parse_via(via), PHONE)[0] == PHONE[0]
+
+
+@pytest.mark.parametrize("answered", [False, True])
+def test_a_404_and_its_retransmissions_go_to_the_source_not_the_named_address(
+    answered: bool,
+) -> None:
+    """The found amplification: an INVITE naming a victim in received, refused with a
+    final response that is retransmitted until the ACK (17.2.1 timer G); or answered, the
+    2xx retransmitted by the core until the ACK (13.3.1.4), then the BYE of its timeout."""
+    uas = make_uas()
+    via = f"SIP/2.0/UDP 203.0.113.9:5062;branch=z9hG4bKamp;received={VICTIM}"
+    invite = INVITE.replace(
+        b"Via: SIP/2.0/UDP 10.0.0.7:5062;branch=z9hG4bK776asdhds;rport", f"Via: {via}".encode()
+    )
+    [call] = uas.receive(invite, PHONE, 0.0)
+    assert isinstance(call, IncomingCall)
+    if answered:
+        uas.answer(call.dialog, ANSWER, 0.0)
+    else:
+        uas.reject(call.dialog, 404, "Not Found", now=0.0)
+    destinations = [d for _, d in uas.outgoing()]
+    for _, _, datagrams in fire_all(uas, TIMEOUT + 1):
+        destinations += [d for _, d in datagrams]
+    assert len(destinations) >= 2 + 5  # 100, the final response and its retransmissions
+    if answered:  # the 2xx along the Via; the BYE of ack_timeout along the flow (12.2.1.1)
+        assert set(destinations) == {("203.0.113.9", 5062), PHONE}
+    else:
+        assert set(destinations) == {("203.0.113.9", 5062)}
+
+
+@pytest.mark.parametrize(
+    "via",
+    [
+        f"SIP/2.0/UDP 203.0.113.9:5062;branch=z9hG4bKr1;received={VICTIM}",
+        f"SIP/2.0/UDP 10.0.0.7:5062;branch=z9hG4bKr2;rport=9;received={VICTIM}",
+        f"SIP/2.0/UDP {VICTIM}:5060;branch=z9hG4bKr3;maddr={VICTIM}",
+        "SIP/2.0/UDP 203.0.113.9:5070;branch=z9hG4bKr4",
+    ],
+)
+def test_a_stateless_refusal_goes_to_the_packet_source_only(via: str) -> None:
+    uas = make_uas()
+    uas.refuse(msg("INVITE", branch="unused", cseq=1, via=via), PHONE, 403, "Forbidden")
+    [(data, destination)] = uas.outgoing()
+    assert data.startswith(b"SIP/2.0 403 Forbidden\r\n")
+    assert destination == PHONE  # address and port: nothing the Via says
+    top = data.split(b"\r\nVia: ", 1)[1].split(b"\r\n", 1)[0].decode()
+    assert parse_via(top).received == PHONE[0] and top.lower().count(";received=") == 1
+    assert uas.transaction_count == 0 and uas.dialog_count == 0
+
+
+def test_an_unparseable_request_naming_a_victim_is_answered_at_the_source() -> None:
+    uas = make_uas()
+    via = f"SIP/2.0/UDP 203.0.113.9:5062;branch=z9hG4bKbad;received={VICTIM}"
+    bad = msg("OPTIONS", branch="unused", cseq=1, via=via).replace(
+        b"CSeq: 1 OPTIONS", b"CSeq: x OPTIONS"
+    )
+    uas.receive(bad, PHONE, 0.0)
+    [(data, destination)] = uas.outgoing()
+    assert data.startswith(b"SIP/2.0 400 ") and destination == ("203.0.113.9", 5062)
+    assert b";received=203.0.113.9\r\n" in data and VICTIM.encode() not in data
 
 
 def test_response_destination_without_annotation() -> None:
@@ -1193,7 +1311,21 @@ def test_dialog_table_and_application_triggers() -> None:
 
 # --------------------------------------------------------------------------- robustness
 
-SEEDS = [INVITE, RECORD_ROUTED, cancel(), ack("t"), msg("BYE", branch="z9hG4bKb", cseq=2)]
+SEEDS = [
+    INVITE,
+    RECORD_ROUTED,
+    cancel(),
+    ack("t"),
+    msg("BYE", branch="z9hG4bKb", cseq=2),
+    # a Via naming another address every way a client can (issue 29)
+    msg(
+        "OPTIONS",
+        branch="unused",
+        cseq=3,
+        via=f"SIP/2.0/UDP 203.0.113.9:5062;received={VICTIM};branch=z9hG4bKo;maddr={VICTIM}",
+    ),
+    INVITE.replace(b";rport\r\n", f";rport=9;received={VICTIM}\r\n".encode(), 1),
+]
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)
@@ -1213,3 +1345,76 @@ def test_damaged_datagrams_never_raise(seed: bytes, cuts: list[tuple[int, bytes]
         # no longer asks for rport (18.2.2)
         assert payload.startswith(b"SIP/2.0 ") and destination[0] == PHONE[0]
     fire_all(uas, 1000.0)
+
+
+_HOSTILE_VALUES = st.sampled_from(
+    [
+        None,
+        VICTIM,
+        "127.0.0.9",
+        "[2001:db8::9]",
+        "2001:db8::9",
+        "224.0.0.1",
+        "victim.example.net",
+        "0",
+        "9",
+        "65535",
+        "99999",
+        "-1",
+        '"198.51.100.99"',
+        "203.0.113.9",
+    ]
+)
+_VIA_PARAM = st.tuples(
+    st.sampled_from(["received", "rport", "maddr", "RECEIVED", "Rport", "ttl", "x"]),
+    _HOSTILE_VALUES,
+)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    host=st.sampled_from(["203.0.113.9", VICTIM, "10.0.0.7", "[2001:db8::9]", "pbx.example"]),
+    port=st.sampled_from(["", ":5062", ":9", ":65535"]),
+    params=st.lists(_VIA_PARAM, max_size=5),
+    method=st.sampled_from(["INVITE", "OPTIONS", "BYE", "SUBSCRIBE", "FOO"]),
+    refused=st.booleans(),
+    damage=st.booleans(),
+)
+def test_client_supplied_via_addresses_never_steer_a_response(
+    host: str,
+    port: str,
+    params: list[tuple[str, str | None]],
+    method: str,
+    refused: bool,
+    damage: bool,
+) -> None:
+    """Whatever received/rport/maddr values a client writes, wherever in the Via: every
+    response goes to the packet's source IP (with rport, or refused statelessly, to its
+    port too), and its top Via carries exactly one received: the source's."""
+    uas = make_uas()
+    text = "".join(f";{name}" if value is None else f";{name}={value}" for name, value in params)
+    via = f"SIP/2.0/UDP {host}{port};branch=z9hG4bKfz{text}"
+    data = msg(method, branch="unused", cseq=1, via=via)
+    if damage:  # a request the parser answers statelessly (400 Bad CSeq)
+        data = data.replace(b"CSeq: 1 ", b"CSeq: x ")
+    if refused:
+        uas.refuse(data, PHONE, 403, "Forbidden")
+    else:
+        uas.receive(data, PHONE, 0.0)
+    out = uas.outgoing()
+    while (deadline := uas.next_timer()) is not None and deadline <= 1000.0:
+        uas.on_timer(deadline)  # retransmissions, the 480 of an unanswered INVITE
+        out += uas.outgoing()
+    try:
+        top: Via | None = parse_via(via)
+    except SipParseError:
+        top = None
+    for payload, destination in out:
+        assert payload.startswith(b"SIP/2.0 ")
+        assert destination[0] == PHONE[0], (via, destination)
+        if refused or (top is not None and top.has_param("rport")):
+            assert destination == PHONE, (via, destination)
+        echoed = payload.split(b"\r\nVia: ", 1)[1].split(b"\r\n", 1)[0].decode()
+        echoed_top = parse_via(split_list(echoed)[0])
+        received = [v for k, v in echoed_top.params if k.lower() == "received"]
+        assert received == [PHONE[0]], echoed

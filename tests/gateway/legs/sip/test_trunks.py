@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from gateway.legs.sip import trunks
 from gateway.legs.sip.routes import Trunk
 from gateway.legs.sip.trunks import FAILURE_WINDOW_S, LINGER_S, MAX_FAILURES, TrunkGate, Verdict
 from telephony.sip.digest import DigestAlgorithm, digest_response
@@ -283,3 +284,115 @@ def challenge_of_host(g: TrunkGate, host: str) -> str:
     admission = g.admit(request(), host, now=0.0, wall=1000.0)
     assert admission.verdict is Verdict.CHALLENGE
     return admission.headers[0][1]
+
+
+# --------------------------------------------------------------------------- lockout (issue 29)
+
+
+def forged_authorizations(g: TrunkGate) -> list[str]:
+    """What a forger sends in the trunk's name (from HOST) without seeing its 401s."""
+    elsewhere = challenge_of_host(g, "198.51.100.66")  # a nonce of ours, for another host
+    other_gateway = TrunkGate(TRUNKS, realm="voice-gateway", max_calls=4, algorithms=["MD5"])
+    foreign = challenge_of_host(other_gateway, HOST)  # for HOST, from another secret
+    wrong_realm = answer(challenge_of_host(g, "198.51.100.67"), password="x").replace(
+        'realm="voice-gateway"', 'realm="evil"'
+    )
+    return [
+        # the found cases: a wrong realm and a malformed Authorization
+        f'Digest username="acme", realm="evil", nonce="x", uri="{URI}", response="{"0" * 32}"',
+        "Digest nonsense",
+        'Digest username="acme", realm="voice-gateway"',
+        wrong_realm,
+        # nonces that are not ours for HOST: made up, another host's, another gateway's
+        answer(f'nonce="{"A" * 54}", algorithm=MD5', password="guess"),
+        answer(elsewhere, password="guess"),
+        answer(foreign, password="guess"),
+    ]
+
+
+def test_five_forged_invites_do_not_lock_the_real_trunk_out() -> None:
+    """The found lockout: five INVITEs from the trunk's address with a wrong realm or a
+    malformed Authorization locked the trunk out for a minute. Now nothing a forger can
+    send without the trunk's challenges counts, however many."""
+    g = gate()
+    forged = forged_authorizations(g)
+    verdicts = set()
+    for n in range(4 * MAX_FAILURES):
+        data = request(call_id=f"forged{n}", authorization=forged[n % len(forged)])
+        verdicts.add(g.admit(data, HOST, now=1.0 + n / 100, wall=1001.0).verdict)
+    assert verdicts == {Verdict.BAD_REQUEST, Verdict.CHALLENGE}  # a 400, or asked again
+    assert g.failure_entries == 0
+    challenge = challenge_of(g, request(), wall=1002.0)
+    real = g.admit(request(authorization=answer(challenge)), HOST, now=2.0, wall=1002.0)
+    assert (real.verdict, real.tenant) == (Verdict.ACCEPT, "acme")
+
+
+def test_a_guess_on_an_expired_nonce_counts_nothing_and_says_nothing() -> None:
+    g = gate()
+    challenge = challenge_of(g, request(), wall=1000.0)
+    for password in ["guess"] * (2 * MAX_FAILURES) + ["pw"]:
+        old = request(authorization=answer(challenge, password=password))
+        stale = g.admit(old, HOST, now=1.0, wall=1000.0 + 301)
+        assert stale.verdict is Verdict.CHALLENGE  # right or wrong: the same answer
+        assert "stale=true" in stale.headers[0][1]
+    assert g.failure_entries == 0
+
+
+TWO_TRUNKS = {
+    **TRUNKS,
+    "beta": Trunk(name="beta", username="beta", password="pw2", tenant="beta"),
+}
+
+
+def test_lockout_is_per_username_and_source() -> None:
+    g = TrunkGate(TWO_TRUNKS, realm="voice-gateway", max_calls=8, algorithms=["MD5"])
+    # an attacker at its own address guessing every name it can think of
+    attacker = "198.51.100.1"
+    mine = challenge_of_host(g, attacker)
+    for user in ("acme", "mallory", "root"):
+        for _ in range(MAX_FAILURES):
+            guess = request(authorization=answer(mine, username=user, password="guess"))
+            assert g.admit(guess, attacker, now=1.0, wall=1001.0).verdict is Verdict.FORBID
+    right = request(call_id="a1", authorization=answer(mine))
+    locked = g.admit(right, attacker, now=1.5, wall=1001.0)
+    assert (locked.verdict, locked.reason) == (Verdict.FORBID, "bad_credentials")
+    # the same username from the trunk's own address is not touched
+    theirs = challenge_of_host(g, HOST)
+    real = g.admit(request(call_id="r1", authorization=answer(theirs)), HOST, now=2, wall=1002)
+    assert (real.verdict, real.tenant) == (Verdict.ACCEPT, "acme")
+    # nor is another credential from the locked-out address
+    beta = answer(mine, username="beta", password="pw2")
+    other = g.admit(request(call_id="b1", authorization=beta), attacker, now=2, wall=1002)
+    assert (other.verdict, other.tenant) == (Verdict.ACCEPT, "beta")
+    # once the window is over, the pair is checked again
+    later = challenge_of_host(g, attacker)
+    again = request(call_id="a2", authorization=answer(later))
+    after = g.admit(again, attacker, now=1.0 + FAILURE_WINDOW_S + 1, wall=1001.0)
+    assert after.verdict is Verdict.ACCEPT
+
+
+def test_a_right_password_clears_the_count() -> None:
+    g = gate()
+    challenge = challenge_of(g, request())
+    wrong = request(authorization=answer(challenge, password="guess"))
+    for round_ in range(3):
+        for _ in range(MAX_FAILURES - 1):
+            assert g.admit(wrong, HOST, now=1.0, wall=1001.0).verdict is Verdict.FORBID
+        right = request(call_id=f"ok{round_}", authorization=answer(challenge))
+        assert g.admit(right, HOST, now=1.0, wall=1001.0).verdict is Verdict.ACCEPT
+
+
+def test_the_failure_table_is_bounded_and_flooding_it_frees_no_lockout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(trunks, "MAX_FAILURE_ENTRIES", 4)
+    g = TrunkGate(TRUNKS, realm="voice-gateway", max_calls=64, algorithms=["MD5"])
+    mine = challenge_of(g, request())
+    for _ in range(MAX_FAILURES):
+        g.admit(request(authorization=answer(mine, password="guess")), HOST, now=1, wall=1001)
+    for n in range(20):  # a new username per guess, to push the locked pair out
+        flood = request(authorization=answer(mine, username=f"u{n}", password="guess"))
+        assert g.admit(flood, HOST, now=1.0 + n / 100, wall=1001.0).verdict is Verdict.FORBID
+        assert g.failure_entries <= 4
+    right = g.admit(request(call_id="x", authorization=answer(mine)), HOST, now=2, wall=1002)
+    assert (right.verdict, right.reason) == (Verdict.FORBID, "bad_credentials")
