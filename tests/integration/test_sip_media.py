@@ -20,6 +20,7 @@ import struct
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -157,8 +158,10 @@ class Caller(asyncio.DatagramProtocol):
     """One SIP dialog from 127.0.0.1, written by hand: INVITE, ACK, re-INVITE, BYE; the
     gateway's requests (its BYE) are answered 200 and kept."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], local: str = "127.0.0.1") -> None:
         self.target = target
+        self.local = local
+        self.host = f"[{local}]" if ":" in local else local  # as a SIP URI writes it
         self.responses: asyncio.Queue[bytes] = asyncio.Queue()
         self.requests: list[bytes] = []
         self.transport: asyncio.DatagramTransport | None = None
@@ -171,10 +174,10 @@ class Caller(asyncio.DatagramProtocol):
         self.byed = False
 
     @classmethod
-    async def open(cls, target: tuple[str, int]) -> Caller:
+    async def open(cls, target: tuple[str, int], local: str = "127.0.0.1") -> Caller:
         loop = asyncio.get_running_loop()
-        caller = cls(target)
-        await loop.create_datagram_endpoint(lambda: caller, local_addr=("127.0.0.1", 0))
+        caller = cls(target, local)
+        await loop.create_datagram_endpoint(lambda: caller, local_addr=(local, 0))
         assert caller.transport is not None
         caller.port = int(caller.transport.get_extra_info("sockname")[1])
         return caller
@@ -205,14 +208,15 @@ class Caller(asyncio.DatagramProtocol):
         if new_branch:
             self.branch = f"z9hG4bK{uuid.uuid4().hex[:12]}"
         to = "<sip:ivr@127.0.0.1>" + (f";tag={self.to_tag}" if self.to_tag else "")
+        target = f"[{self.target[0]}]" if ":" in self.target[0] else self.target[0]
         lines = [
-            f"{method} sip:ivr@{self.target[0]}:{self.target[1]} SIP/2.0",
-            f"Via: SIP/2.0/UDP 127.0.0.1:{self.port};branch={self.branch};rport",
-            f"From: <sip:caller@127.0.0.1>;tag={self.tag}",
+            f"{method} sip:ivr@{target}:{self.target[1]} SIP/2.0",
+            f"Via: SIP/2.0/UDP {self.host}:{self.port};branch={self.branch};rport",
+            f"From: <sip:caller@{self.host}>;tag={self.tag}",
             f"To: {to}",
             f"Call-ID: {self.call_id}",
             f"CSeq: {cseq} {method}",
-            f"Contact: <sip:caller@127.0.0.1:{self.port}>",
+            f"Contact: <sip:caller@{self.host}:{self.port}>",
             "Max-Forwards: 70",
         ]
         if body:
@@ -256,7 +260,7 @@ class Caller(asyncio.DatagramProtocol):
     @property
     def media(self) -> tuple[str, int]:
         """Where the gateway takes this call's RTP (its answer's c= and m=)."""
-        address = re.search(rb"c=IN IP4 (\S+)", self.answer)
+        address = re.search(rb"c=IN IP[46] (\S+)", self.answer)
         port = re.search(rb"m=audio (\d+)", self.answer)
         assert address is not None and port is not None, self.answer
         return address.group(1).decode(), int(port.group(1))
@@ -490,3 +494,33 @@ async def test_an_ipv6_reinvite_is_488_and_the_call_goes_on(gateway: GatewayProc
         media.close()
     log = gateway.log_text()
     assert "Traceback" not in log and "ValueError" not in log, gateway.log_tail()
+
+
+async def test_a_dual_stack_bridge_takes_both_families(tmp_path: Path) -> None:
+    """Listening on ``[::]``, the RTP sockets are IPv6 and reach IPv4 as mapped addresses:
+    an IPv4 caller and an IPv6 caller both hear the greeting (under uvloop an IPv4
+    address on an IPv6 socket raised ValueError in the pacer)."""
+    port = free_udp_port()
+    gw = GatewayProcess(
+        tmp_path / "gateway.log",
+        GATEWAY_SIP_LISTEN=f"[::]:{port}",
+        GATEWAY_SIP_PUBLIC_ADDR="127.0.0.1",
+        ENGINE_VAD="0",
+    )
+    gw.start()
+    try:
+        for local, target in (("127.0.0.1", "127.0.0.1"), ("::1", "::1")):
+            caller = await Caller.open((target, port), local)
+            media = await Counter.open(local)
+            try:
+                addrtype = "IP6" if ":" in local else "IP4"
+                assert await caller.invite(offer(local, media.port, addrtype=addrtype)) == 200
+                caller.ack()
+                await media.wait_rtp(25, timeout=5)
+                await hang_up(caller, 2)
+            finally:
+                caller.close()
+                media.close()
+        assert "Traceback" not in gw.log_text(), gw.log_tail()
+    finally:
+        gw.stop()
