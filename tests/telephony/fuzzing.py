@@ -5,7 +5,8 @@ vendor and damage them with what is here: values wrong in interesting ways
 (:class:`BadValues`, shared bases plus a core's own), JSON documents with members dropped,
 replaced or mutated (:func:`corrupted`, :func:`mutated`), serialization with deep nesting
 spliced in (:func:`serialized`), text cut, poked or padded (:func:`damaged`), and raw text
-(:func:`raw_texts`). Nothing here knows a vendor: what differs by core is passed in.
+(:func:`raw_texts`), and SDP connection addresses of every family (:func:`sdp_addresses`).
+Nothing here knows a vendor: what differs by core is passed in.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "damaged",
     "mutated",
     "raw_texts",
+    "sdp_addresses",
     "serialized",
     "texts",
 ]
@@ -283,3 +285,47 @@ def serialized(draw: st.DrawFn, doc: Any) -> str:
     text = json.dumps(doc, ensure_ascii=draw(st.booleans()))
     depth = draw(NESTING)
     return text.replace(_DEEP_JSON, "[" * depth + "]" * depth)
+
+
+# --------------------------------------------------------------------------- SDP addresses
+
+_IP4: Final = ["127.0.0.1", "127.0.0.9", "192.0.2.1", "0.0.0.0", "255.255.255.255", "224.2.1.1"]
+_IP6: Final = [
+    "::1",
+    "::",
+    "2001:db8::1",
+    "::ffff:127.0.0.1",  # IPv4-mapped
+    "::127.0.0.1",
+    "fe80::1%eth0",  # a zone
+    "ff02::1",  # multicast
+    "2001:DB8:0:0:0:0:0:1",
+]
+_NAMES: Final = [
+    "localhost",
+    "host.example",
+    "127.0.0.1.nip.io",
+    "a" * 300,
+    "xn--bcher-kva.example",
+]
+
+
+@st.composite
+def sdp_addresses(draw: st.DrawFn) -> tuple[str, str]:
+    """``(addrtype, address)`` for a ``c=`` line (RFC 4566 5.7): IPv4 and IPv6 literals
+    (unspecified, loopback, mapped, zoned, multicast), host names, literals under the
+    other family's addrtype, unknown addrtypes, multicast suffixes and junk."""
+    family = draw(st.sampled_from(("IP4", "IP6", "name", "swapped", "unknown", "junk")))
+    if family == "IP4":
+        address = draw(st.sampled_from(_IP4) | st.ip_addresses(v=4).map(str))
+        return "IP4", address + draw(st.sampled_from(["", "", "/127", "/1/2", "/"]))
+    if family == "IP6":
+        address = draw(st.sampled_from(_IP6) | st.ip_addresses(v=6).map(str))
+        return "IP6", address + draw(st.sampled_from(["", "", "/3", "/"]))
+    if family == "name":
+        return draw(st.sampled_from(("IP4", "IP6"))), draw(st.sampled_from(_NAMES))
+    if family == "swapped":
+        return draw(st.sampled_from([("IP4", a) for a in _IP6] + [("IP6", a) for a in _IP4]))
+    if family == "unknown":
+        addrtype = draw(st.sampled_from(["IP5", "ip4", "Ip6", "X", "", "IP4 IP4"]))
+        return addrtype, draw(st.sampled_from(_IP4 + _IP6))
+    return draw(st.sampled_from(("IP4", "IP6"))), draw(texts(12))

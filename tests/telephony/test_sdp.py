@@ -12,6 +12,7 @@ answers are written out from RFC 3264 6 and RFC 4566 5.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,7 +37,7 @@ from telephony.sdp import (
     negotiate,
     parse_sdp,
 )
-from tests.telephony.fuzzing import FUZZ, assert_loggable, damaged, texts
+from tests.telephony.fuzzing import FUZZ, assert_loggable, damaged, sdp_addresses, texts
 
 
 def wire(text: str) -> bytes:
@@ -1354,3 +1355,54 @@ def test_fuzz_only_sdp_errors_and_answers_that_parse(text: str | bytes) -> None:
     assert len(reply.media) == len(offer.media)
     assert reply.media[got.audio_index].port == 40000
     assert got.codec.name in ("PCMU", "PCMA")
+
+
+def family_offer(c: tuple[str, str], rtcp: tuple[str, str] | None, session_level: bool) -> str:
+    """An audio offer whose ``c=`` (session or media level) and ``a=rtcp`` address are
+    ``(addrtype, address)`` pairs."""
+    connection = f"c=IN {c[0]} {c[1]}"
+    lines = ["a=rtpmap:0 PCMU/8000"]
+    if rtcp is not None:
+        lines.append(f"a=rtcp:4001 IN {rtcp[0]} {rtcp[1]}")
+    if session_level:
+        return audio_offer("0", *lines, c=connection)
+    return audio_offer("0", connection, *lines, c="")
+
+
+@FUZZ
+@given(
+    c=sdp_addresses(),
+    rtcp=st.none() | sdp_addresses(),
+    session_level=st.booleans(),
+    damage=st.booleans(),
+    data=st.data(),
+)
+def test_fuzz_connection_address_families(
+    c: tuple[str, str],
+    rtcp: tuple[str, str] | None,
+    session_level: bool,
+    damage: bool,
+    data: st.DataObject,
+) -> None:
+    """Whatever family ``c=`` and ``a=rtcp`` name: an SdpError (400/488), or where to send
+    RTP and RTCP as IP literals of the family written (never a host name, never a
+    multicast group), so the gateway can tell at offer time whether its sockets reach it."""
+    text = family_offer(c, rtcp, session_level)
+    if damage:
+        text = data.draw(line_damaged(text))
+    try:
+        got = negotiate(parse_sdp(text))
+    except SdpError as exc:
+        assert exc.status == (488 if isinstance(exc, SdpNotAcceptable) else 400)
+        assert_loggable(exc.message, exc.code)
+        return
+    for destination in (got.remote_rtp, got.remote_rtcp):
+        if destination is None:
+            continue
+        ip = ipaddress.ip_address(destination[0])  # a literal: raises on a name
+        assert not ip.is_multicast and not ip.is_unspecified
+        assert 0 < destination[1] < 65536
+    if got.remote_rtp is not None and not damage:
+        assert f"IP{ipaddress.ip_address(got.remote_rtp[0]).version}" == c[0]
+    if got.remote_rtp is None:
+        assert got.on_hold

@@ -11,7 +11,10 @@ REFER. Limits before anything is allocated for a new call: the INVITE rate
 (``GATEWAY_SIP_INVITES_PER_S``), calls per source (``GATEWAY_SIP_MAX_CALLS_PER_SOURCE``)
 and in all (``GATEWAY_SIP_MAX_CALLS``), each a 503 with Retry-After; a draining worker
 refuses new calls the same way. No route for the Request-URI user: 404; no codec in
-common: 488; a malformed SDP: 400.
+common, or media at an address family the RTP sockets cannot reach (an IPv6 ``c=`` to an
+IPv4 bridge): 488, before an RTP port is taken; a malformed SDP: 400. Where a call's
+media may go (``GATEWAY_SIP_MEDIA_NETWORKS``) is the leg's to enforce
+(:mod:`gateway.legs.sip.leg`).
 
 Timers (retransmissions, timeouts) are the core's; this module sets one loop timer at
 the core's earliest deadline and feeds it the time.
@@ -24,9 +27,16 @@ import logging
 import time
 
 from gateway.context import LegContext
-from gateway.legs.sip.config import SipSettings, tenant_for
+from gateway.legs.sip.config import SipSettings, media_allowed, tenant_for
 from gateway.legs.sip.leg import SipLeg
-from gateway.legs.sip.media import PortRangeExhausted, RtpPortPool, open_media, valid_destination
+from gateway.legs.sip.media import (
+    PortRangeExhausted,
+    RtpPortPool,
+    open_media,
+    reachable,
+    socket_families,
+    valid_destination,
+)
 from gateway.legs.sip.metrics import SipMetrics
 from gateway.legs.sip.routes import Route, Routes
 from gateway.legs.sip.trunks import TrunkGate, Verdict
@@ -99,6 +109,7 @@ class SipBridge(asyncio.DatagramProtocol):
         self._tasks: set[asyncio.Task[None]] = set()
         self._refers: dict[DialogId, asyncio.Future[int]] = {}
         self._stopping = False
+        self._media_families: frozenset[int] = frozenset()  # what the RTP sockets reach
         self._requests_seen: dict[str, int] = {}
         self._responses_seen: dict[int, int] = {}
         self.port = 0
@@ -111,6 +122,8 @@ class SipBridge(asyncio.DatagramProtocol):
         transport, _ = await loop.create_datagram_endpoint(lambda: self, local_addr=(host, port))
         self._transport = transport
         self.port = int(transport.get_extra_info("sockname")[1])
+        # RTP binds the same host as SIP: the same family, the same dual-stack or not
+        self._media_families = socket_families(transport.get_extra_info("socket"))
         self._core = SipUas(
             host=self.settings.public_addr,
             port=self.port,
@@ -210,8 +223,10 @@ class SipBridge(asyncio.DatagramProtocol):
             waiter = self._refers.pop(event.dialog, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(event.status)
-        elif leg is None or isinstance(event, CallConfirmed):
+        elif leg is None:
             return
+        elif isinstance(event, CallConfirmed):
+            leg.confirmed()  # the ACK: media may flow
         elif isinstance(event, CallCancelled):
             leg.end_reason = "cancelled"
             leg.ended("cancelled", remote=True)
@@ -256,6 +271,10 @@ class SipBridge(asyncio.DatagramProtocol):
                 exc.status,
                 "Not Acceptable Here" if exc.status == 488 else "Bad Request",
             )
+            return
+        if not self._reachable(negotiated):
+            self.metrics.refused.labels(reason="address_family").inc()
+            core.reject(event.dialog, 488, "Not Acceptable Here")
             return
         task = asyncio.ensure_future(self._open_call(event, tenant, route, offer, negotiated, now))
         self._own(task)
@@ -325,6 +344,9 @@ class SipBridge(asyncio.DatagramProtocol):
         except SdpError as exc:
             core.reject_reinvite(leg.dialog, exc.status, _reason(exc.status))
             return
+        if not self._reachable(negotiated):  # the call stays as it was
+            core.reject_reinvite(leg.dialog, 488, _reason(488))
+            return
         leg.offer = offer
         leg.renegotiated(negotiated)
         core.answer_reinvite(leg.dialog, self._answer_sdp(leg), time.monotonic())
@@ -356,8 +378,8 @@ class SipBridge(asyncio.DatagramProtocol):
         finally:
             self._flush()
 
-    def trusted(self, host: str) -> bool:
-        return tenant_for(self.settings.allow, host) is not None
+    def media_allowed(self, source: str, host: str) -> bool:
+        return media_allowed(self.settings.media_networks, source, host)
 
     def bye(self, leg: SipLeg) -> None:
         self._require_core().bye(leg.dialog, time.monotonic())
@@ -392,6 +414,13 @@ class SipBridge(asyncio.DatagramProtocol):
             port=leg.media.port,
             session_id=leg.sdp_session_id,
             session_version=leg.sdp_version,
+        )
+
+    def _reachable(self, negotiated: Negotiated) -> bool:
+        """The RTP sockets can send to where the SDP puts RTP and RTCP (None: on hold)."""
+        return all(
+            destination is None or reachable(destination[0], self._media_families)
+            for destination in (negotiated.remote_rtp, negotiated.remote_rtcp)
         )
 
     def _require_core(self) -> SipUas:

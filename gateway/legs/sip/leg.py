@@ -9,6 +9,16 @@ media is RTP:
   the marker bit at each talkspurt) sent to the address the SDP offer named, or, once
   the caller's first packet arrives, to where it came from (symmetric RTP, RFC 4961):
   what a phone behind NAT needs. Packets from any other source are dropped and counted;
+- where media may go (issue 29): nothing is sent before the ACK or the caller's first
+  RTP, whichever comes first (an INVITE never acknowledged sends nothing); the SDP's
+  address, and the source a latch follows, only when :func:`gateway.legs.sip.config.
+  media_allowed` says so (the signalling source's own address, or
+  ``GATEWAY_SIP_MEDIA_NETWORKS``); an address it refuses gets nothing until the caller's
+  RTP arrives from an allowed one. A re-INVITE's new address obeys the same rule. Toward
+  an address that has not answered (no latch), at most :attr:`SipLeg.unanswered_cap`
+  RTP packets (``GATEWAY_SIP_RTP_TIMEOUT_S`` of audio) and one RTCP report per
+  :data:`RTCP_INTERVAL_S` of it go out in the whole call, whatever re-INVITEs and holds
+  do, and the RTP watchdog hangs the call up;
 - inbound: the caller's audio goes to the session (VAD barge-in as on Twilio legs);
   RFC 4733 events become ``dtmf`` for the flow or the application;
 - RTCP: a sender report every :data:`RTCP_INTERVAL_S` (RFC 3550 6.2, one call's share
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from typing import Any, ClassVar, Protocol
@@ -70,8 +81,9 @@ class Signalling(Protocol):
     def reject(self, leg: SipLeg, status: int, retry_after_s: int | None = None) -> None: ...
     def bye(self, leg: SipLeg) -> None: ...
     async def refer(self, leg: SipLeg, target: str) -> int: ...
-    def trusted(self, host: str) -> bool:
-        """``host`` is in a trusted network (``GATEWAY_SIP_ALLOW``)."""
+    def media_allowed(self, source: str, host: str) -> bool:
+        """A call signalled from ``source`` may have its media at ``host``
+        (:func:`gateway.legs.sip.config.media_allowed` with ``GATEWAY_SIP_MEDIA_NETWORKS``)."""
         ...
 
 
@@ -155,9 +167,18 @@ class SipLeg(StandaloneLeg):
             if negotiated.dtmf_payload_type is not None
             else None
         )
-        self._remote: Address | None = negotiated.remote_rtp
+        self._offered: Address | None = negotiated.remote_rtp  # the last SDP address
+        self._remote = self._allowed(negotiated.remote_rtp)  # None: wait for the latch
+        self._rtcp_default = self._allowed(negotiated.remote_rtcp)
         self._latched: Address | None = None
         self._rtcp_remote: Address | None = None
+        self._flowing = False  # media out only after the ACK or the caller's first RTP
+        #: RTP packets that may go, in the whole call, to an address that never answered
+        self.unanswered_cap = int(rtp_timeout_s * 1000 / negotiated.ptime)
+        self.unanswered_sent = 0
+        #: RTCP reports likewise (the RTP watchdog sleeps while on hold; this cap does not)
+        self.unanswered_reports_cap = max(1, math.ceil(rtp_timeout_s / RTCP_INTERVAL_S))
+        self.unanswered_reports = 0
         self._paused = negotiated.on_hold
         self._ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.answered = False
@@ -173,12 +194,20 @@ class SipLeg(StandaloneLeg):
 
     # --- Peer -----------------------------------------------------------------------------
 
+    def backlogged(self) -> bool:
+        return self._paused or not self._flowing  # before the ACK: held, nothing lost
+
     def send_audio(self, frame: bytes) -> None:
-        destination = self._latched or self._remote
-        if destination is None:
+        if not self._flowing:
             return
-        self.media.send_rtp(self._sender.packet(frame, time.monotonic()), destination)
-        self._metrics.rtp_out.inc()
+        destination = self._latched
+        if destination is None:
+            destination = self._remote
+            if destination is None or self.unanswered_sent >= self.unanswered_cap:
+                return  # nobody answered from there: the watchdog hangs up
+            self.unanswered_sent += 1
+        if self.media.send_rtp(self._sender.packet(frame, time.monotonic()), destination):
+            self._metrics.rtp_out.inc()
 
     def on_interrupt(self) -> None:
         return None  # RTP cannot flush the far end: at most the pacing lead is in flight
@@ -205,7 +234,8 @@ class SipLeg(StandaloneLeg):
                 self._metrics.rtp_unexpected_source.inc()
                 return
             self._latched = source  # symmetric RTP: answer where the caller sends from
-            self._rtcp_remote = (source[0], source[1] + 1)
+            self._rtcp_remote = (source[0], source[1] + 1) if source[1] < 65535 else None
+            self.confirmed()  # the caller is there: media may flow even before the ACK
         self._last_rtp_at = time.monotonic()
         self._metrics.rtp_in.inc()
         if self._dtmf is not None and packet.payload_type == self._dtmf.payload_type:
@@ -245,17 +275,32 @@ class SipLeg(StandaloneLeg):
         self._rtcp_remote = source
 
     def _may_latch(self, payload_type: int, host: str) -> bool:
-        """Latch only on the call's own media: a negotiated payload type, from the SDP's
-        address, the signalling peer's, or a trusted network (a stray packet of an
-        earlier call on a reused port, or a spoofed one, must not take the audio)."""
+        """Latch only on the call's own media: a negotiated payload type, from where its
+        media may be (the signalling peer's address or ``GATEWAY_SIP_MEDIA_NETWORKS``;
+        a stray packet of an earlier call on a reused port, or one spoofed from a third
+        party's address, must not take the audio there)."""
         negotiated = self.negotiated
         if payload_type not in (negotiated.codec.payload_type, negotiated.dtmf_payload_type):
             return False
-        if negotiated.remote_rtp is not None and host == negotiated.remote_rtp[0]:
-            return True
-        return host == self._signalling_host or self._signalling.trusted(host)
+        return self._signalling.media_allowed(self._signalling_host, host)
+
+    def _allowed(self, destination: Address | None) -> Address | None:
+        """``destination`` if media may go there before the caller's RTP shows where."""
+        if destination is None:
+            return None
+        if not self._signalling.media_allowed(self._signalling_host, destination[0]):
+            self.peer_log.info("media address not allowed: waiting for the caller's RTP")
+            return None
+        return destination
 
     # --- signalling in ----------------------------------------------------------------------
+
+    def confirmed(self) -> None:
+        """The ACK arrived (or the caller's RTP did): media may flow from now on."""
+        if not self._flowing:
+            self._flowing = True
+            if not self._paused:
+                self._state.pacer.wake(self.session)
 
     def ended(self, reason: str, *, remote: bool) -> None:
         """The dialog ended (BYE, CANCEL, no ACK): tear the call down."""
@@ -268,9 +313,12 @@ class SipLeg(StandaloneLeg):
         dtmf = negotiated.dtmf_payload_type
         if dtmf != self.negotiated.dtmf_payload_type:
             self._dtmf = DtmfReceiver(payload_type=dtmf) if dtmf is not None else None
-        if negotiated.remote_rtp is not None and negotiated.remote_rtp != self._remote:
-            self._remote = negotiated.remote_rtp
-            self._latched = self._rtcp_remote = None  # the media moved: latch again
+        if negotiated.remote_rtp is not None and negotiated.remote_rtp != self._offered:
+            # the media moved: latch again; the new address obeys the same rule
+            self._offered = negotiated.remote_rtp
+            self._remote = self._allowed(negotiated.remote_rtp)
+            self._rtcp_default = self._allowed(negotiated.remote_rtcp)
+            self._latched = self._rtcp_remote = None
         self.negotiated = negotiated
         self.pause(negotiated.on_hold)
 
@@ -372,14 +420,19 @@ class SipLeg(StandaloneLeg):
                 self.peer_log.info("no RTP for %.0f s: hanging up", self._rtp_timeout_s)
                 self.end_reason = "rtp_timeout"
                 self.hangup()
-            destination = self._rtcp_remote or self.negotiated.remote_rtcp
-            if destination is not None and self._sender.packets_sent:
+            destination = self._rtcp_remote if self._latched else self._rtcp_default
+            unanswered = self._latched is None  # nobody answered from there (yet): capped
+            if unanswered and self.unanswered_reports >= self.unanswered_reports_cap:
+                destination = None
+            if destination is not None and self._sender.packets_sent and self._flowing:
                 report = self._sender.sender_report(
                     wallclock=time.time(),
                     now=time.monotonic(),
                     receiver=self._receiver,
                     cname=CNAME,
                 )
+                if unanswered:
+                    self.unanswered_reports += 1
                 self.media.send_rtcp(report, destination)
 
     async def _teardown(self) -> None:

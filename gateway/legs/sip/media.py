@@ -4,6 +4,14 @@ Each call binds an even port for RTP and the odd port above it for RTCP (RFC 355
 section 11). What arrives is handed to the call's :class:`MediaSink`; the sockets do no
 parsing. A port another process holds is skipped for now; a range with no bindable pair
 left makes the call fail with 503 (the caller retries elsewhere).
+
+Sending never raises: a destination the sockets cannot reach (another address family, a
+host name, port 0) is dropped here, as is whatever the event loop's ``sendto`` raises
+(uvloop raises ``ValueError`` for a family mismatch, which inside the pacer would end the
+session). Which families the sockets reach (:func:`socket_families`) is known before a
+call is taken: the bridge refuses an SDP naming another one with 488 and allocates
+nothing. An IPv6 socket bound to ``::`` without ``IPV6_V6ONLY`` reaches IPv4 too, through
+the IPv4-mapped form.
 """
 
 from __future__ import annotations
@@ -11,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import ipaddress
 import logging
+import socket
 from typing import Protocol
 
 log = logging.getLogger(__name__)
@@ -22,6 +32,41 @@ def valid_destination(destination: Address) -> bool:
     """A port asyncio can send to: anything else raises inside ``sendto``, which asyncio
     treats as fatal and closes the socket (a remote must never be able to do that)."""
     return 0 < destination[1] < 65_536
+
+
+def socket_families(sock: socket.socket | None) -> frozenset[int]:
+    """The IP versions (4, 6) a UDP socket bound like ``sock`` can send to."""
+    if sock is None:
+        return frozenset()
+    if sock.family == socket.AF_INET:
+        return frozenset({4})
+    if sock.family != socket.AF_INET6:
+        return frozenset()
+    try:
+        bound = ipaddress.ip_address(str(sock.getsockname()[0]).split("%", 1)[0])
+        v6only = bool(sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY))
+    except (OSError, ValueError):
+        return frozenset({6})
+    return frozenset({4, 6}) if bound.is_unspecified and not v6only else frozenset({6})
+
+
+def reachable(host: str, families: frozenset[int]) -> bool:
+    """``host`` is an IP literal of a family in ``families``."""
+    return _wire_host(host, families) is not None
+
+
+def _wire_host(host: str, families: frozenset[int]) -> str | None:
+    """How ``host`` is written to a socket of ``families``; None: it cannot be."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a host name: never looked up
+    if ip.version not in families or (isinstance(ip, ipaddress.IPv6Address) and ip.scope_id):
+        return None  # a zone names one of our interfaces: not the peer's to choose
+        return None
+    if ip.version == 4 and 6 in families:
+        return f"::ffff:{ip}"  # a dual-stack IPv6 socket sends IPv4 as mapped
+    return str(ip)
 
 
 class MediaSink(Protocol):
@@ -91,19 +136,30 @@ class MediaPorts:
         self.port = port
         self._rtp, self._rtp_socket = rtp
         self._rtcp, self._rtcp_socket = rtcp
+        self.families = socket_families(self._rtp.get_extra_info("socket"))
 
     def attach(self, sink: MediaSink) -> None:
         """Deliver what arrives from now on to ``sink``."""
         self._rtp_socket.sink = sink
         self._rtcp_socket.sink = sink
 
-    def send_rtp(self, data: bytes, destination: Address) -> None:
-        if valid_destination(destination):
-            self._rtp.sendto(data, destination)
+    def send_rtp(self, data: bytes, destination: Address) -> bool:
+        """Send one RTP packet; False (nothing sent) when ``destination`` cannot be."""
+        return self._send(self._rtp, data, destination)
 
-    def send_rtcp(self, data: bytes, destination: Address) -> None:
-        if valid_destination(destination):
-            self._rtcp.sendto(data, destination)
+    def send_rtcp(self, data: bytes, destination: Address) -> bool:
+        return self._send(self._rtcp, data, destination)
+
+    def _send(self, transport: asyncio.DatagramTransport, data: bytes, to: Address) -> bool:
+        host = _wire_host(to[0], self.families)
+        if host is None or not valid_destination(to):
+            return False
+        try:
+            transport.sendto(data, (host, to[1]))
+        except (OSError, ValueError) as exc:  # never into the pacer
+            log.debug("rtp: cannot send to %s: %r", host, exc)
+            return False
+        return True
 
     def close(self) -> None:
         self._rtp.close()

@@ -28,7 +28,8 @@ class SipMetrics:
             "SIP requests refused before any call state was kept, by reason (untrusted: "
             "source outside GATEWAY_SIP_ALLOW and not a trunk; challenged: 401 to a trunk; "
             "bad_credentials: a trunk's digest failed; trunk_calls: too many trunk calls; "
-            "rate: GATEWAY_SIP_INVITES_PER_S; per_source: GATEWAY_SIP_MAX_CALLS_PER_SOURCE).",
+            "rate: GATEWAY_SIP_INVITES_PER_S; per_source: GATEWAY_SIP_MAX_CALLS_PER_SOURCE; "
+            "address_family: SDP media the RTP sockets cannot reach, 488).",
             ["reason"],
             registry=r,
         )
