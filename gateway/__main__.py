@@ -27,7 +27,7 @@ from gateway.app import LEG_SERVICES_KEY, RedactingAccessLogger, create_app
 from gateway.auth import AuthConfigError, TokenVerifier, mint_token
 from gateway.config import ConfigError, GatewaySettings
 from gateway.legs.kinds import check_leg_settings
-from gateway.listener import GuardedSite
+from gateway.listener import ConnectionGuard, GuardedSite
 from gateway.relay_endpoint import RelayEndpoint
 from gateway.state import STATE_KEY
 from gateway.workers import HostSupervisor, mark_listening, supervise_until_signalled
@@ -161,38 +161,53 @@ async def _serve_until_signalled(
     The drain cannot be an ``on_shutdown`` hook: by then aiohttp ignores inbound data on
     every connection, so a caller's barge-in or an application's ``close`` would be lost.
     """
-    runner = web.AppRunner(
-        app,
-        handle_signals=False,
-        access_log_class=RedactingAccessLogger,
-        shutdown_timeout=5.0,
-        # aiohttp's keep-alive timer runs from connect: a request head must arrive in time
-        keepalive_timeout=settings.handshake_timeout_s,
-    )
+
+    def runner_for(served: web.Application) -> web.AppRunner:
+        return web.AppRunner(
+            served,
+            handle_signals=False,
+            access_log_class=RedactingAccessLogger,
+            shutdown_timeout=5.0,
+            # aiohttp's keep-alive timer runs from connect: a request head must arrive in time
+            keepalive_timeout=settings.handshake_timeout_s,
+        )
+
+    state = app[STATE_KEY]
+    runner = runner_for(app)
     await runner.setup()
+    # The relay listener: the relay route only, its own runner, the same guards.
+    relay_runner = None if relay is None else runner_for(relay.app(state))
+    if relay_runner is not None:
+        await relay_runner.setup()
+    guard = ConnectionGuard(
+        max_connections=settings.max_connections,
+        send_stall_s=settings.send_stall_s,
+        metrics=state.metrics,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     watcher = None if parent_pid is None else asyncio.create_task(watch_parent(parent_pid, stop))
     try:
+        guard.guard(runner)
         site = GuardedSite(
             runner,
-            settings.host,
-            settings.port,
-            max_connections=settings.max_connections,
-            send_stall_s=settings.send_stall_s,
-            metrics=app[STATE_KEY].metrics,
+            guard,
+            host=settings.host,
+            port=settings.port,
             reuse_port=parent_pid is not None,  # the host's workers share the port
         )
         await site.start()
-        if relay is not None:
-            await relay.site(runner).start()
+        if relay is not None and relay_runner is not None:
+            guard.guard(relay_runner)
+            await GuardedSite(relay_runner, guard, sock=relay.sock).start()
+        guard.start()
         listening()
         await stop.wait()
         log.info("shutting down: no new connections (a second signal skips the drain)")
         await site.stop()
-        drain = asyncio.create_task(app[STATE_KEY].connections.drain(settings.drain_timeout_s))
+        drain = asyncio.create_task(state.connections.drain(settings.drain_timeout_s))
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, drain.cancel)
         with contextlib.suppress(asyncio.CancelledError):
@@ -200,6 +215,9 @@ async def _serve_until_signalled(
     finally:
         if watcher is not None:  # the supervisor's watch ends with the serving, however
             watcher.cancel()
+        await guard.stop()
+        if relay_runner is not None:  # relayed sessions end before the worker's state
+            await relay_runner.cleanup()
         await runner.cleanup()
 
 

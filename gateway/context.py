@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from gateway.metrics import GatewayMetrics
     from gateway.pacer import Pacer
     from gateway.session import Peer, Session
+    from gateway.tenant_quota import TenantQuota
 
 
 class ConnectionContext(Protocol):
@@ -40,7 +41,12 @@ class ConnectionContext(Protocol):
     def verify(self, token: str | None, scope: str) -> Principal: ...
 
     def new_session(
-        self, peer: Peer, protocol: str, *, burst_lead_s: float | None = None
+        self,
+        peer: Peer,
+        protocol: str,
+        quota: TenantQuota,
+        *,
+        burst_lead_s: float | None = None,
     ) -> Session: ...
 
 

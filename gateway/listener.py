@@ -1,4 +1,5 @@
-"""The worker's listening socket, guarded against clients that are slow, silent or many.
+"""The worker's listening sockets (the public port, the relay listener), guarded against
+clients that are slow, silent or many.
 
 - **Handshake deadline.** A connection must deliver a complete request head within
   ``GATEWAY_HANDSHAKE_TIMEOUT_S`` of connecting (or of finishing its previous request,
@@ -7,8 +8,9 @@
   request head, so the deadline is that timer set to the handshake timeout. A
   connection whose request is being handled (a WebSocket session, an upload) is not
   affected; uploads have their own body deadline.
-- **Connection cap.** At most ``GATEWAY_MAX_CONNECTIONS`` open connections per worker;
-  beyond it a new connection is answered ``503`` with ``Retry-After`` and closed at once,
+- **Connection cap.** At most ``GATEWAY_MAX_CONNECTIONS`` open connections per worker,
+  on its public port and its relay listener together (:class:`ConnectionGuard`); beyond
+  it a new connection is answered ``503`` with ``Retry-After`` and closed at once,
   before any parsing, and counted in ``gateway_connections_refused_total``.
   ``gateway_connections_open`` shows how many are open.
 - **Write stall.** A connection whose unsent output has not shrunk for
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from collections.abc import Callable
 from typing import cast
@@ -115,25 +118,30 @@ class StallWatch:
 LISTEN_BACKLOG = 4096
 
 
-class GuardedSite(web.TCPSite):
-    """A :class:`aiohttp.web.TCPSite` that refuses connections beyond ``max_connections``."""
+class ConnectionGuard:
+    """The worker's connection cap and write-stall watch over every listener it serves
+    (the public port and the relay listener, each with its own runner): connections open
+    on either count against the one ``GATEWAY_MAX_CONNECTIONS``, and one watch aborts a
+    stalled connection on either."""
 
-    def __init__(
-        self,
-        runner: web.AppRunner,
-        host: str,
-        port: int,
-        *,
-        max_connections: int,
-        send_stall_s: float,
-        metrics: GatewayMetrics,
-        reuse_port: bool = False,
-    ) -> None:
-        super().__init__(runner, host, port, reuse_port=reuse_port, backlog=LISTEN_BACKLOG)
+    def __init__(self, *, max_connections: int, send_stall_s: float, metrics: GatewayMetrics):
         self._max_connections = max_connections
         self._metrics = metrics
+        self._runners: list[web.BaseRunner] = []
         self._stall = StallWatch(self._open_transports, send_stall_s, metrics)
         self._stall_task: asyncio.Task[None] | None = None
+
+    def guard(self, runner: web.BaseRunner) -> None:
+        """Count ``runner``'s connections from now on (after its ``setup``)."""
+        if runner.server is None:
+            raise RuntimeError("set the runner up first")
+        self._runners.append(runner)
+
+    def _servers(self) -> list[web.Server]:
+        return [r.server for r in self._runners if isinstance(r.server, web.Server)]
+
+    def open_connections(self) -> int:
+        return sum(len(server.connections) for server in self._servers())
 
     def _open_transports(self) -> list[asyncio.BaseTransport]:
         """Every open connection's transport, closing ones included. aiohttp's handler
@@ -141,34 +149,22 @@ class GuardedSite(web.TCPSite):
         transport itself waits for its buffer to drain; the server's own table keeps it
         until the connection is lost, which is exactly what must be watched.
         (tests/gateway/test_listener.py checks that the table is there.)"""
-        server = self._runner.server
-        if server is None:
-            return []
-        return list(server._connections.values())
+        return [t for server in self._servers() for t in server._connections.values()]
 
-    def _protocol(self) -> asyncio.BaseProtocol:
-        server = self._runner.server
+    def protocol(self, runner: web.BaseRunner) -> asyncio.BaseProtocol:
+        """A new connection's protocol: ``runner``'s, or a 503 beyond the cap."""
+        server = runner.server
         assert server is not None
-        if len(server.connections) >= self._max_connections:
+        if self.open_connections() >= self._max_connections:
             self._metrics.connections_refused.labels(reason="limit").inc()
             return _Refuse()
         return server()
 
-    async def start(self) -> None:
-        await web.BaseSite.start(self)  # registers the site with its runner
-        server = self._runner.server
-        assert server is not None
+    def start(self) -> None:
         # Read at scrape time; when the host's workers share their metrics (values in
         # files, gateway/metrics.py) a function does not count there, so each pass of
         # the stall watch (every second) also sets the value.
-        self._metrics.connections_open.set_function(lambda: len(server.connections))
-        self._server = await asyncio.get_running_loop().create_server(
-            self._protocol,
-            self._host,
-            self._port,
-            backlog=self._backlog,
-            reuse_port=self._reuse_port,  # GATEWAY_WORKERS: the host's workers share the port
-        )
+        self._metrics.connections_open.set_function(self.open_connections)
         self._stall_task = asyncio.create_task(self._stall.run(), name="write-stall-watch")
 
     async def stop(self) -> None:
@@ -177,4 +173,51 @@ class GuardedSite(web.TCPSite):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._stall_task
             self._stall_task = None
-        await super().stop()
+
+
+class GuardedSite(web.BaseSite):
+    """A listening socket whose connections a :class:`ConnectionGuard` admits: TCP on
+    ``host``:``port``, or an already bound ``sock`` (the relay listener: TCP or Unix)."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        guard: ConnectionGuard,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        sock: socket.socket | None = None,
+        reuse_port: bool = False,
+    ) -> None:
+        if (sock is None) == (port is None):
+            raise ValueError("a site listens on host and port, or on a socket")
+        super().__init__(runner, backlog=LISTEN_BACKLOG)
+        self._guard = guard
+        self._host = host
+        self._port = port
+        self._sock = sock
+        self._reuse_port = reuse_port
+
+    @property
+    def name(self) -> str:
+        if self._sock is not None:
+            return f"http://{self._sock.getsockname()}"
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()  # registers the site with its runner
+        runner = self._runner
+        loop = asyncio.get_running_loop()
+        if self._sock is not None:
+            self._server = await loop.create_server(
+                lambda: self._guard.protocol(runner), sock=self._sock, backlog=self._backlog
+            )
+            return
+        assert self._port is not None
+        self._server = await loop.create_server(
+            lambda: self._guard.protocol(runner),
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            reuse_port=self._reuse_port,  # GATEWAY_WORKERS: the host's workers share the port
+        )

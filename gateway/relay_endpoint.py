@@ -11,8 +11,12 @@ own, published with its calls in the call directory (:mod:`gateway.call_director
 - several workers and no Redis: a Unix socket in the host supervisor's run directory;
 - one worker and no Redis: none (every call is local).
 
-The listener serves the same application as the public port (same routes, same tokens);
-connections from another worker carry :data:`gateway.protocols.relay.RELAY_HEADER`.
+The listener serves the relay route only (``/v1/stream``, the same tokens; every other
+path is a 404: no metrics, no speech or voices API), as an application of its own
+(:meth:`RelayEndpoint.app`) under the public port's guards: its connections count against
+the same ``GATEWAY_MAX_CONNECTIONS``, and the handshake timeout and write-stall limit
+apply alike (:class:`gateway.listener.ConnectionGuard`). Connections from another worker
+carry :data:`gateway.protocols.relay.RELAY_HEADER`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from redis.asyncio import Redis
 
 from gateway.call_directory import CallDirectory, HostCallDirectory, RedisCallDirectory
 from gateway.config import GatewaySettings
+from gateway.protocols import native
+from gateway.protocols.relay import RELAY_PATH
+from gateway.state import STATE_KEY, GatewayState
 from gateway.workers import RUN_DIR_ENV, WORKER_INDEX_ENV
 
 WILDCARDS = ("", "0.0.0.0", "::")
@@ -83,5 +90,10 @@ class RelayEndpoint:
         assert self.run_dir is not None
         return HostCallDirectory(self.run_dir, self.worker_index, self.address)
 
-    def site(self, runner: web.BaseRunner) -> web.SockSite:
-        return web.SockSite(runner, self.sock)
+    @staticmethod
+    def app(state: GatewayState) -> web.Application:
+        """What the relay listener serves: the worker's state, one route."""
+        app = web.Application()
+        app[STATE_KEY] = state
+        app.router.add_get(RELAY_PATH, native.handle_stream)
+        return app

@@ -41,6 +41,7 @@ from gateway.events import BargeIn, Cleared, ErrorEvent, Ready, SessionEvent, Wo
 from gateway.formats import AudioFormat, FrameEncoder
 from gateway.metrics import GatewayMetrics
 from gateway.playback import FrameStatus, Playback
+from gateway.tenant_quota import UNASSIGNED, TenantQuota
 
 log = logging.getLogger(__name__)
 
@@ -135,16 +136,16 @@ class Session:
         metrics: GatewayMetrics,
         limits: SessionLimits,
         protocol: str = "native",
-        tenant: str = "",
+        quota: TenantQuota = UNASSIGNED,
         clock: Callable[[], float] = time.monotonic,
         gate: AdmissionGate | None = None,
         leases: SessionLeases | None = None,
-        max_streams: int | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex[:16]
         self.state = SessionState.AWAITING_START
         self.protocol = protocol
-        self.tenant = tenant
+        # Whose session it is and under what limit: from gateway.tenant_quota.quota_for only
+        self.quota = quota
         self._peer = peer
         self._engine = engine
         self._pacer = pacer
@@ -175,7 +176,6 @@ class Session:
             gate, send=self._to_engine, expired=self._queue_timeout
         )
         self._leases = leases
-        self.max_streams = max_streams  # the token's max_streams claim, if any
         self.frames_sent = 0
         self.underruns = 0
         self._ended_logged = False
@@ -196,6 +196,10 @@ class Session:
             f" ({reason})" if reason else "",
         )
         self.state = new
+
+    @property
+    def tenant(self) -> str:
+        return self.quota.tenant
 
     @property
     def started(self) -> bool:

@@ -37,6 +37,7 @@ from gateway.peer_log import PeerLog
 from gateway.session import Session, StartOptions
 from gateway.speech_formats import SPEECH_FORMATS, SpeechFormat
 from gateway.state import STATE_KEY, GatewayState
+from gateway.tenant_quota import quota_for
 
 log = logging.getLogger(__name__)
 _auth_log = PeerLog(log, "speech API")
@@ -224,8 +225,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     peer = _SpeechPeer()
     # Burst without a lead limit: as fast as the engine goes and the client reads (the
     # peer's backlog bound is the backpressure).
-    session = state.new_session(peer, "openai", burst_lead_s=UNLIMITED_LEAD_S)
-    session.tenant = who.tenant
+    session = state.new_session(peer, "openai", quota_for(who), burst_lead_s=UNLIMITED_LEAD_S)
     connection = _SpeechRequestConnection(session)
     state.connections.track(connection)
     state.metrics.sessions_total.labels(protocol="openai").inc()

@@ -24,6 +24,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pacer import Pacer
 from gateway.session import Peer, Session, SessionLimits
 from gateway.tenant_limits import TenantLimits
+from gateway.tenant_quota import TenantQuota
 from gateway.voices.registry import VOICE_ID_PREFIX, VoiceError, VoiceRegistry
 from gateway.voices.store import VoiceStore
 
@@ -103,11 +104,18 @@ class GatewayState:
             raise
 
     def new_session(
-        self, peer: Peer, protocol: str, *, burst_lead_s: float | None = None
+        self,
+        peer: Peer,
+        protocol: str,
+        quota: TenantQuota,
+        *,
+        burst_lead_s: float | None = None,
     ) -> Session:
-        """A session of this worker for ``peer`` (every protocol's connection or leg);
-        ``burst_lead_s`` overrides how far ahead of real time burst pacing may run (an
-        HTTP response, whose backpressure is the peer's, has no need to hold back)."""
+        """A session of this worker for ``peer`` (every protocol's connection or leg),
+        counted against ``quota`` (:func:`gateway.tenant_quota.quota_for`; ``UNASSIGNED``
+        for a connection that authenticates later); ``burst_lead_s`` overrides how far
+        ahead of real time burst pacing may run (an HTTP response, whose backpressure is
+        the peer's, has no need to hold back)."""
         limits = self.session_limits()
         if burst_lead_s is not None:
             limits = replace(limits, burst_lead_s=burst_lead_s)
@@ -118,6 +126,7 @@ class GatewayState:
             metrics=self.metrics,
             limits=limits,
             protocol=protocol,
+            quota=quota,
             gate=self.gate,
             leases=self.limits,
         )

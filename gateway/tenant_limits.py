@@ -63,7 +63,7 @@ class TenantLimits:
         if self._draining():
             self._metrics.rejections.labels(reason="shutting_down").inc()
             raise shutting_down()
-        limit = session.max_streams or self._settings.tenant_max_streams
+        limit = session.quota.limit(self._settings.tenant_max_streams)
         try:
             lease = await self.leases.acquire(session.tenant, limit, session.id)
         except LeaseError as exc:

@@ -37,6 +37,7 @@ from gateway.errors import CloseCode, ErrorCode, ProtocolViolation, SessionError
 from gateway.events import SessionEvent
 from gateway.peer_log import PeerLog
 from gateway.state import STATE_KEY
+from gateway.tenant_quota import UNASSIGNED, quota_for
 from gateway.wsframe import FrameWriter
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class Connection(abc.ABC):
         self._writer = writer
         self._state = state
         self.principal: Principal | None = None
-        self.session = state.new_session(self, self.protocol)
+        self.session = state.new_session(self, self.protocol, UNASSIGNED)  # until authenticated
         self.peer_log = PeerLog(log, f"{self.protocol} {self.session.id}")
         self._violations = 0
         self._expiry: asyncio.TimerHandle | None = None
@@ -132,8 +133,7 @@ class Connection(abc.ABC):
             self.peer_log.info("auth failed: %s", exc.code)
             raise SessionError(ErrorCode(exc.code), exc.message, CloseCode.POLICY) from None
         self.principal = principal
-        self.session.tenant = principal.tenant
-        self.session.max_streams = principal.max_streams
+        self.session.quota = quota_for(principal)
         if self.expires_with_token:
             self._schedule_expiry(principal)
         return principal

@@ -25,6 +25,7 @@ import aiohttp
 
 log = logging.getLogger(__name__)
 RELAY_HEADER = "X-Gateway-Relay"
+RELAY_PATH = "/v1/stream"  # the route the owner's relay listener serves, and only it
 CONNECT_TIMEOUT_S = 2.0
 BACKPRESSURE_POLL_S = 0.02
 UNIX_PREFIX = "unix:"
@@ -55,10 +56,10 @@ class Relay:
         if address.startswith(UNIX_PREFIX):
             path = address[len(UNIX_PREFIX) :]
             connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=path)
-            url = "http://gateway-worker/v1/stream"
+            url = f"http://gateway-worker{RELAY_PATH}"
         else:
             connector = aiohttp.TCPConnector(limit=1)
-            url = f"{address}/v1/stream"
+            url = f"{address}{RELAY_PATH}"
         client = aiohttp.ClientSession(connector=connector)
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):  # connect and upgrade

@@ -4,11 +4,12 @@ in aiohttp."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any, cast
 
 from aiohttp import web
 
-from gateway.listener import StallWatch
+from gateway.listener import ConnectionGuard, GuardedSite, StallWatch
 from gateway.metrics import GatewayMetrics
 
 
@@ -83,3 +84,48 @@ async def test_aiohttp_keeps_a_closing_transport_in_its_server_table() -> None:
     # longer knows its transport, the table does. An aiohttp that changes this fails here.
     server = web.Server(lambda request: cast(Any, None))
     assert isinstance(server._connections, dict)
+
+
+async def test_one_cap_over_two_listeners() -> None:
+    """The public port and the relay listener (each its own runner) share the cap: two
+    connections open on one and one on the other fill a cap of 3 for both."""
+
+    async def hello(_request: web.Request) -> web.Response:
+        return web.Response(text="hello")
+
+    runners = []
+    for _ in range(2):
+        app = web.Application()
+        app.router.add_get("/", hello)
+        runner = web.AppRunner(app, keepalive_timeout=30)
+        await runner.setup()
+        runners.append(runner)
+    guard = ConnectionGuard(max_connections=3, send_stall_s=10, metrics=GatewayMetrics())
+    ports = []
+    for runner in runners:
+        guard.guard(runner)
+        sock = socket.create_server(("127.0.0.1", 0))
+        ports.append(sock.getsockname()[1])
+        await GuardedSite(runner, guard, sock=sock).start()
+    guard.start()
+    opened: list[asyncio.StreamWriter] = []
+    try:
+
+        async def answer(port: int) -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            opened.append(writer)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            return await asyncio.wait_for(reader.read(1024), 5)
+
+        for port in (ports[0], ports[0], ports[1]):
+            assert (await answer(port)).startswith(b"HTTP/1.1 200 ")  # kept alive: open
+        assert guard.open_connections() == 3
+        for port in ports:
+            refused = await answer(port)
+            assert refused.startswith(b"HTTP/1.1 503 ") and b"too_many_connections" in refused
+    finally:
+        for writer in opened:
+            writer.close()
+        await guard.stop()
+        for runner in runners:
+            await runner.cleanup()

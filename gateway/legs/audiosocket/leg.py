@@ -55,6 +55,7 @@ from gateway.legs.audiosocket.config import AudioSocketSettings
 from gateway.legs.audiosocket.metrics import AudioSocketMetrics
 from gateway.legs.base import StandaloneLeg
 from gateway.peer_log import PeerLog
+from gateway.tenant_quota import quota_for
 from telephony.audiosocket import (
     HEADER_BYTES,
     AudioReceived,
@@ -117,8 +118,8 @@ class AudioSocketLeg(StandaloneLeg):
         self.tenant = tenant
         self._settings = settings
         self._metrics = metrics
-        self.session = state.new_session(self, self.protocol)
-        self.session.tenant = tenant
+        # no token: the trusted network's tenant, under GATEWAY_TENANT_MAX_STREAMS
+        self.session = state.new_session(self, self.protocol, quota_for(tenant))
         self.peer_log = PeerLog(log, f"audiosocket {self.call_id}")
         self.sample_rate: int | None = None  # the call's rate, once chosen
         self._max_buffer = 0

@@ -54,6 +54,7 @@ from gateway.legs.sip.metrics import SipMetrics
 from gateway.legs.sip.routes import Route
 from gateway.legs.sip.webhook import WebhookClient, WebhookRunner
 from gateway.peer_log import PeerLog
+from gateway.tenant_quota import quota_for
 from telephony.rtp import (
     DtmfReceiver,
     RtpError,
@@ -151,8 +152,7 @@ class SipLeg(StandaloneLeg):
         self.caller = caller  # the From URI
         self.called = called  # the Request-URI user
         self._webhooks = webhooks
-        self.session = state.new_session(self, self.protocol)
-        self.session.tenant = tenant
+        self.session = state.new_session(self, self.protocol, quota_for(tenant))
         self.peer_log = PeerLog(log, f"sip {call_id[:64]}")
         rng = random.SystemRandom()
         self._sender = RtpSender(
