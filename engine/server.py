@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from engine.backends.base import BackendError, VoiceSettings
+from engine.backends.base import BackendError, VoiceSettings, capabilities_of
 from engine.backends.routing import BackendSet
 from engine.ipc.schema import (
     PROTOCOL_VERSION,
@@ -360,6 +360,7 @@ class EngineServer:
             backend_version=self.backend.version,
             voice_cloning=self.backend.preparer is not None,
             cloning_backend=self.backend.preparer.name if self.backend.preparer else "",
+            capabilities={b.name: capabilities_of(b) for b in self.backend.members},
         )
 
     async def start(self, socket_path: str) -> None:

@@ -25,6 +25,7 @@ from engine.backends.base import (
     BackendError,
     BatchSynthesizer,
     VoicePreparer,
+    capabilities_of,
     estimate_words,
 )
 from engine.backends.routing import BackendSet, RoutedVoice
@@ -112,11 +113,12 @@ _Command = _Open | _Speak | _Cancel | _CancelUtterance | _Prepare
 
 
 def _lane_for(backend: Backend) -> Lane:
-    if isinstance(backend, BatchSynthesizer):
-        lane = Lane(backend, backend, max(1, backend.threads), max(1, backend.max_batch))
-        lane.gated = bool(getattr(backend, "independent_calls", False))
-        return lane
-    return Lane(backend, None)
+    """The lane the backend's capability record asks for."""
+    can = capabilities_of(backend)
+    if can.batch and isinstance(backend, BatchSynthesizer):
+        threads, max_batch = max(1, backend.threads), max(1, backend.max_batch)
+        return Lane(backend, backend, threads, max_batch, can.independent_calls, can.word_timings)
+    return Lane(backend, None, times_words=can.word_timings)
 
 
 class Scheduler:

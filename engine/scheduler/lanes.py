@@ -134,7 +134,7 @@ class InlineLane:
             offset_s = segment.offset_s
             if self._generations.current(stream.slot) != generation:
                 pass  # cancelled or closed meanwhile: nobody wants its words
-            elif isinstance(backend, WordTimer):
+            elif stream.lane.times_words and isinstance(backend, WordTimer):
                 self._output.words(stream, utterance, offset_s, backend.last_words(), "engine")
             else:
                 span = utterance.native_s - offset_s
@@ -207,8 +207,8 @@ class WorkerPool:
         error: tuple[str, str] | None = None
         segments = [SynthesisJob(j.text, j.voice, j.offset_s == 0.0) for j in jobs]
         try:
-            if getattr(self._batch, "times_words", False):
-                self._batch.synthesize_batch(segments, emit, timed)  # type: ignore[call-arg]
+            if self._lane.times_words:
+                self._batch.synthesize_batch(segments, emit, timed)
             else:
                 self._batch.synthesize_batch(segments, emit)
         except BackendError as exc:

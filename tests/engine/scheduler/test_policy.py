@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from engine.backends.base import BatchEmit, SynthesisJob, VoiceSettings
+from engine.backends.base import BatchEmit, BatchWords, SynthesisJob, VoiceSettings
 from engine.backends.routing import BackendSet
 from engine.backends.synthetic import SyntheticBackend, ToneVoice
 from engine.ipc.boundaries import BoundaryWriter
@@ -32,7 +32,9 @@ class TwoModels(SyntheticBackend):
         assert isinstance(voice, ToneVoice)
         return voice.frequency
 
-    def synthesize_batch(self, jobs: Sequence[SynthesisJob], emit: BatchEmit) -> None:
+    def synthesize_batch(
+        self, jobs: Sequence[SynthesisJob], emit: BatchEmit, words: BatchWords | None = None
+    ) -> None:
         raise AssertionError("policy tests synthesize nothing")
 
 
