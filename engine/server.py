@@ -42,9 +42,10 @@ from engine.ipc.schema import (
 from engine.ipc.shm import SharedRegion, SlotArena
 from engine.scheduler import START_TIMEOUT_S, Scheduler
 from engine.vad import SileroVad, VadModel, VadWorker
+from telephony.codecs.formats import ENGINE_RATES
 
 log = logging.getLogger(__name__)
-SUPPORTED_RATES = frozenset({8000, 12000, 16000, 22050, 24000, 44100, 48000})
+SUPPORTED_RATES = ENGINE_RATES  # the rates a stream's audio may have (one table)
 
 
 #: The engine's exit status when its scheduler fails (EX_SOFTWARE): the supervisor starts a
