@@ -170,7 +170,7 @@ class Scheduler:
         # ring space. _flush_all visits only these, not every stream.
         self._dirty: dict[int, None] = {}
         self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
-        self._stopping = False
+        self._stopping = threading.Event()  # set by stop(), on the loop thread
 
     @property
     def stats(self) -> SchedulerStats:
@@ -185,7 +185,7 @@ class Scheduler:
             pool.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stopping = True
+        self._stopping.set()
         self._wakeup.set()
         for pool in self._pools.values():
             pool.stop()
@@ -283,11 +283,11 @@ class Scheduler:
 
     def _coordinate(self) -> None:
         checked_at = 0.0
-        while not self._stopping:
+        while not self._stopping.is_set():
             # After a flush only streams waiting for ring space stay dirty.
             self._wakeup.wait(PENDING_POLL_S if self._dirty else IDLE_WAIT_S)
             self._take_inputs()
-            while not self._stopping:
+            while not self._stopping.is_set():
                 now = time.monotonic()
                 if now - checked_at > STATS_INTERVAL_S:  # O(streams): not per segment
                     checked_at = now
