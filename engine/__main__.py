@@ -16,8 +16,8 @@ import signal
 import sys
 import threading
 
-from engine.backends.base import backend_names
 from engine.backends.routing import BackendSet
+from engine.backends.table import backend_names
 from engine.config import EngineSettings
 from engine.ipc.lifetime import die_with_parent, watch_parent
 from engine.ipc.shm import SharedRegion, SlotArena

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from engine.backends.base import BackendError, VoiceSettings
+from engine.backends.base import BackendError, VoiceSettings, capabilities_of
 from engine.backends.routing import BackendSet
 from engine.ipc.schema import (
     PROTOCOL_VERSION,
@@ -42,9 +42,10 @@ from engine.ipc.schema import (
 from engine.ipc.shm import SharedRegion, SlotArena
 from engine.scheduler import START_TIMEOUT_S, Scheduler
 from engine.vad import SileroVad, VadModel, VadWorker
+from telephony.codecs.formats import ENGINE_RATES
 
 log = logging.getLogger(__name__)
-SUPPORTED_RATES = frozenset({8000, 12000, 16000, 22050, 24000, 44100, 48000})
+SUPPORTED_RATES = ENGINE_RATES  # the rates a stream's audio may have (one table)
 
 
 #: The engine's exit status when its scheduler fails (EX_SOFTWARE): the supervisor starts a
@@ -360,6 +361,7 @@ class EngineServer:
             backend_version=self.backend.version,
             voice_cloning=self.backend.preparer is not None,
             cloning_backend=self.backend.preparer.name if self.backend.preparer else "",
+            capabilities={b.name: capabilities_of(b) for b in self.backend.members},
         )
 
     async def start(self, socket_path: str) -> None:

@@ -4,7 +4,7 @@ handshake said (voices, backend, text limit), for sessions, the voices API and m
 from __future__ import annotations
 
 from engine.ipc.client import EngineClient, EngineUnavailable
-from engine.ipc.schema import VoiceInfo
+from engine.ipc.schema import Capabilities, VoiceInfo
 from gateway.engine_supervisor import EngineSupervisor
 from gateway.metrics import GatewayMetrics
 from gateway.voices.registry import BackendInfo
@@ -20,6 +20,8 @@ class EngineLink:
         self._metrics = metrics
         self.voices: tuple[VoiceInfo, ...] = ()
         self.backend: BackendInfo | None = None
+        # What each of the engine's backends can do (its Welcome), by backend name.
+        self.capabilities: dict[str, Capabilities] = {}
         self.max_text_chars = DEFAULT_MAX_TEXT_CHARS
         supervisor.on_ready = self.on_ready
         supervisor.on_lost = self.on_lost
@@ -45,6 +47,7 @@ class EngineLink:
         if welcome is not None:
             self.voices = welcome.voices
             self.max_text_chars = welcome.max_text_chars
+            self.capabilities = dict(welcome.capabilities)
             # Registered voices are prepared and spoken by one backend: their base voice is
             # one of its voices, never another backend's (a Piper voice cannot take an
             # espeak profile).

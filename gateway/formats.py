@@ -1,5 +1,7 @@
 """Audio formats on the wire (names fixed by the design brief) and their frame codecs.
 
+Which formats exist, as codec and rate, is the table in ``telephony/codecs/formats.py``;
+this module gives each its encoder (a table by codec) and input decoder (another).
 Every output format is framed in 20 ms: 160 bytes of mu-law or A-law per frame, 640
 bytes of ``pcm_16000``, one Opus packet per frame. The engine produces 16-bit PCM at the
 format's sample rate; a :class:`FrameEncoder` turns exactly one frame of it into one
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from telephony.codecs import g711
+from telephony.codecs.formats import WIRE_FORMATS, AudioSpec
 
 FRAME_MS = 20
 
@@ -90,15 +93,20 @@ class AudioFormat:
 
     def decode_input(self, data: bytes) -> bytes:
         """Caller audio in this format -> 16-bit little-endian PCM at ``sample_rate``."""
-        if self.codec == "mulaw":
-            return _ULAW_DECODE(data)
-        if self.codec == "alaw":
-            return _ALAW_DECODE(data)
-        if self.codec == "pcm":
-            if len(data) % 2:
-                raise ValueError("16-bit PCM needs an even number of bytes")
-            return data
-        raise ValueError(f"{self.name} is not accepted as caller audio")
+        decode = _DECODERS.get(self.codec)
+        if decode is None:
+            raise ValueError(f"{self.name} is not accepted as caller audio")
+        return decode(data)
+
+
+def _pcm_input(data: bytes) -> bytes:
+    if len(data) % 2:
+        raise ValueError("16-bit PCM needs an even number of bytes")
+    return data
+
+
+#: Caller audio decoders by codec (Opus is not accepted as caller audio).
+_DECODERS: dict[str, _Codec] = {"mulaw": _ULAW_DECODE, "alaw": _ALAW_DECODE, "pcm": _pcm_input}
 
 
 _ENCODERS: dict[str, Callable[[int], FrameEncoder]] = {
@@ -109,17 +117,11 @@ _ENCODERS: dict[str, Callable[[int], FrameEncoder]] = {
 }
 
 FORMATS: dict[str, AudioFormat] = {
-    f.name: f
-    for f in (
-        AudioFormat("mulaw_8000", "mulaw", 8000),
-        AudioFormat("alaw_8000", "alaw", 8000),
-        AudioFormat("pcm_8000", "pcm", 8000),
-        AudioFormat("pcm_16000", "pcm", 16000),
-        AudioFormat("pcm_24000", "pcm", 24000),
-        AudioFormat("pcm_48000", "pcm", 48000),
-        AudioFormat("opus_48000", "opus", 48000),
-        AudioFormat("opus_24000", "opus", 24000),
-        AudioFormat("opus_16000", "opus", 16000),
-    )
+    spec.name: AudioFormat(spec.name, spec.codec.value, spec.sample_rate) for spec in WIRE_FORMATS
 }
-INPUT_FORMATS = frozenset(name for name, f in FORMATS.items() if f.codec != "opus")
+INPUT_FORMATS = frozenset(name for name, f in FORMATS.items() if f.codec in _DECODERS)
+
+
+def format_of(spec: AudioSpec) -> AudioFormat:
+    """The wire format of ``spec`` (KeyError: the gateway has none for it)."""
+    return FORMATS[spec.name]

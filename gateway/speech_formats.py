@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.formats import FORMATS, AudioFormat
+from gateway.formats import AudioFormat, format_of
+from telephony.codecs.formats import pcm
 from telephony.codecs.ogg_opus import OggOpusWriter
 from telephony.codecs.opus import OpusEncoder
 
@@ -125,9 +126,9 @@ class SpeechFormat:
 SPEECH_FORMATS: dict[str, SpeechFormat] = {
     f.name: f
     for f in (
-        SpeechFormat("pcm", "audio/pcm", FORMATS["pcm_24000"], lambda _rate: _RawPcm()),
-        SpeechFormat("wav", "audio/wav", FORMATS["pcm_24000"], _StreamingWav),
-        SpeechFormat("opus", "audio/ogg", FORMATS["pcm_48000"], _OggOpus),
-        SpeechFormat("mp3", "audio/mpeg", FORMATS["pcm_24000"], _Mp3),
+        SpeechFormat("pcm", "audio/pcm", format_of(pcm(24000)), lambda _rate: _RawPcm()),
+        SpeechFormat("wav", "audio/wav", format_of(pcm(24000)), _StreamingWav),
+        SpeechFormat("opus", "audio/ogg", format_of(pcm(48000)), _OggOpus),
+        SpeechFormat("mp3", "audio/mpeg", format_of(pcm(24000)), _Mp3),
     )
 }

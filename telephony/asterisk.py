@@ -75,6 +75,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 
+from telephony.codecs.formats import G711_RATE, AudioSpec, Codec
+from telephony.core import CoreError
 from telephony.limits import call_id_problem, excerpt
 
 __all__ = [
@@ -168,20 +170,28 @@ class AsteriskCodec:
     """An Asterisk format name (``MEDIA_START`` ``format``) and what it means to us."""
 
     name: str  # Asterisk's format name: ulaw, alaw, slin, slin16
-    format: str  # the gateway's format name (DESIGN.md section 3)
-    sample_rate: int
+    audio: AudioSpec  # what it is: codec and rate (telephony/codecs/formats.py)
     sample_bytes: int
     silence: bytes  # one sample of digital silence in this codec
+
+    @property
+    def sample_rate(self) -> int:
+        return self.audio.sample_rate
+
+    @property
+    def format(self) -> str:
+        """The wire name of :attr:`audio` (``mulaw_8000``), from the formats table."""
+        return self.audio.name
 
 
 #: Supported codecs. Asterisk's ``slin*`` frames are host-endian signed 16-bit; the
 #: gateway's ``pcm_*`` formats are little-endian, which assumes a little-endian Asterisk
 #: host (x86-64, aarch64).
 CODECS: Final[Mapping[str, AsteriskCodec]] = {
-    "ulaw": AsteriskCodec("ulaw", "mulaw_8000", 8000, 1, b"\xff"),  # G.711 mu-law +0
-    "alaw": AsteriskCodec("alaw", "alaw_8000", 8000, 1, b"\xd5"),  # G.711 A-law +0
-    "slin": AsteriskCodec("slin", "pcm_8000", 8000, 2, b"\x00\x00"),
-    "slin16": AsteriskCodec("slin16", "pcm_16000", 16000, 2, b"\x00\x00"),
+    "ulaw": AsteriskCodec("ulaw", AudioSpec(Codec.MULAW, G711_RATE), 1, b"\xff"),  # mu-law +0
+    "alaw": AsteriskCodec("alaw", AudioSpec(Codec.ALAW, G711_RATE), 1, b"\xd5"),  # A-law +0
+    "slin": AsteriskCodec("slin", AudioSpec(Codec.PCM, 8000), 2, b"\x00\x00"),
+    "slin16": AsteriskCodec("slin16", AudioSpec(Codec.PCM, 16000), 2, b"\x00\x00"),
 }
 
 
@@ -217,13 +227,8 @@ class AsteriskErrorCode(enum.StrEnum):
     TOO_MANY_MARKS = "too_many_marks"
 
 
-class AsteriskError(Exception):
+class AsteriskError(CoreError[AsteriskErrorCode]):
     """Base of this module's errors: ``code`` for machines, ``message`` for the log."""
-
-    def __init__(self, code: AsteriskErrorCode, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 class AsteriskProtocolError(AsteriskError):
@@ -260,7 +265,7 @@ class MediaStart:
     channel: str
     channel_id: str | None  # absent from plain-text before channel_id was added
     codec: str  # Asterisk format name, e.g. "ulaw"
-    format: str  # gateway format name, e.g. "mulaw_8000"
+    format: str  # the wire name of its codec's AudioSpec, e.g. mulaw_8000 (formats table)
     sample_rate: int
     optimal_frame_size: int  # bytes of one ptime frame; send whole multiples of it
     ptime: int  # milliseconds; 20 when a plain-text MEDIA_START omits it

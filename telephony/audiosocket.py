@@ -105,6 +105,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple, TypeAlias
 
+from telephony.codecs.formats import PCM_RATES, AudioSpec, pcm
+from telephony.core import CoreError
 from telephony.limits import DTMF_DIGITS
 
 __all__ = [
@@ -180,13 +182,8 @@ AUDIO_KINDS: Final[Mapping[Kind, int]] = {
 }
 _KIND_FOR_RATE: Final[Mapping[int, Kind]] = {rate: kind for kind, rate in AUDIO_KINDS.items()}
 
-#: The gateway's format names (``gateway/formats.py``) for the rates it speaks.
-GATEWAY_FORMATS: Final[Mapping[int, str]] = {
-    8000: "pcm_8000",
-    16000: "pcm_16000",
-    24000: "pcm_24000",
-    48000: "pcm_48000",
-}
+#: The wire names of the 16-bit PCM formats (telephony/codecs/formats.py), by rate.
+GATEWAY_FORMATS: Final[Mapping[int, str]] = {rate: pcm(rate).name for rate in PCM_RATES}
 
 #: Asterisk's bit-packed error codes [README Asterisk error codes] [go ErrAst*].
 ASTERISK_ERROR_BITS: Final[Mapping[int, str]] = {
@@ -218,13 +215,8 @@ class AudioSocketErrorCode(enum.StrEnum):
     INVALID_ARGUMENT = "invalid_argument"  # encode_message / decode_header arguments
 
 
-class AudioSocketError(Exception):
+class AudioSocketError(CoreError[AudioSocketErrorCode]):
     """Base of this module's errors: ``code`` for machines, ``message`` for the log."""
-
-    def __init__(self, code: AudioSocketErrorCode, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 class AudioSocketProtocolError(AudioSocketError):
@@ -468,19 +460,24 @@ class AudioSocketConnection:
         return len(self._buffer)
 
     @staticmethod
-    def format_name(sample_rate: int) -> str:
-        """The gateway format name for audio at ``sample_rate`` (``8000`` -> ``pcm_8000``).
+    def audio_spec(sample_rate: int) -> AudioSpec:
+        """AudioSocket's audio at ``sample_rate``: 16-bit PCM at that rate.
 
         Raises :class:`AudioSocketUsageError` ``unsupported_sample_rate`` for a rate the
         gateway has no format for (12, 32, 44.1, 96 and 192 kHz, or none of AudioSocket's).
         """
-        name = GATEWAY_FORMATS.get(sample_rate)
-        if name is None:
+        if sample_rate not in PCM_RATES:
             raise AudioSocketUsageError(
                 AudioSocketErrorCode.UNSUPPORTED_SAMPLE_RATE,
                 f"no gateway format for {sample_rate} Hz audio",
             )
-        return name
+        return pcm(sample_rate)
+
+    @staticmethod
+    def format_name(sample_rate: int) -> str:
+        """The wire name of :meth:`audio` (``8000`` -> ``pcm_8000``), from the formats
+        table."""
+        return AudioSocketConnection.audio_spec(sample_rate).name
 
     # ----------------------------------------------------------------- state table
 

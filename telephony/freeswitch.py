@@ -144,6 +144,8 @@ from typing import Final, TypeAlias
 
 import msgspec
 
+from telephony.codecs.formats import AudioSpec, pcm
+from telephony.core import CoreError
 from telephony.limits import call_id_problem, excerpt
 
 __all__ = [
@@ -237,13 +239,8 @@ class FreeSwitchErrorCode(enum.StrEnum):
     ILLEGAL_TRANSITION = "illegal_transition"  # a trigger the table does not allow here
 
 
-class FreeSwitchError(Exception):
+class FreeSwitchError(CoreError[FreeSwitchErrorCode]):
     """Base of this module's errors: ``code`` for machines, ``message`` for the log."""
-
-    def __init__(self, code: FreeSwitchErrorCode, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 class FreeSwitchProtocolError(FreeSwitchError):
@@ -258,13 +255,14 @@ def _fail(code: FreeSwitchErrorCode, message: str) -> FreeSwitchProtocolError:
     return FreeSwitchProtocolError(code, message)
 
 
-def _format_name(sample_rate: int) -> str:
+def _audio(sample_rate: int) -> AudioSpec:
+    """mod_audio_stream's audio at ``sample_rate``: L16 (16-bit PCM)."""
     if sample_rate not in SAMPLE_RATES:
         raise FreeSwitchUsageError(
             FreeSwitchErrorCode.INVALID_SAMPLE_RATE,
             f"sample rate {sample_rate!r} is not one of {SAMPLE_RATES}",
         )
-    return f"pcm_{sample_rate}"
+    return pcm(sample_rate)
 
 
 # --------------------------------------------------------------------------- events
@@ -282,9 +280,14 @@ class StreamStarted:
     parameters: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
+    def audio(self) -> AudioSpec:
+        """The stream's audio: codec and rate."""
+        return _audio(self.sample_rate)
+
+    @property
     def format(self) -> str:
-        """The gateway's name for the stream's audio format, e.g. ``pcm_8000``."""
-        return _format_name(self.sample_rate)
+        """The wire name of :attr:`audio` (``pcm_8000``), from the formats table."""
+        return self.audio.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,7 +427,7 @@ class FreeSwitchConnection:
         max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
     ) -> None:
         if sample_rate is not None:
-            _format_name(sample_rate)  # raises invalid_sample_rate
+            _audio(sample_rate)  # raises invalid_sample_rate
         if call_id is not None:
             problem = call_id_problem(call_id)
             if problem is not None:
@@ -489,11 +492,12 @@ class FreeSwitchConnection:
 
     @staticmethod
     def format_name(sample_rate: int) -> str:
-        """The gateway's format for L16 at ``sample_rate``: ``pcm_8000`` or ``pcm_16000``.
+        """The wire name (from the formats table) of L16 at ``sample_rate``: ``pcm_8000``
+        or ``pcm_16000``.
 
         Raises :class:`FreeSwitchUsageError` ``invalid_sample_rate`` for any other rate.
         """
-        return _format_name(sample_rate)
+        return _audio(sample_rate).name
 
     # ----------------------------------------------------------------- state table
 

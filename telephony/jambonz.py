@@ -131,6 +131,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
+from telephony.codecs.formats import AudioSpec, pcm
+from telephony.core import CoreError, JsonFields
 from telephony.limits import call_id_problem, excerpt
 
 __all__ = [
@@ -235,8 +237,6 @@ _PLAY_AUDIO_MAX_PCM: Final = (PLAY_AUDIO_MAX_TEXT_BYTES - _PLAY_AUDIO_ENVELOPE_B
 _MARKER: Final = b"\xff\xff"  # mod_audio_fork's AUDIO_MARKER sample, 0xFFFF [glue]
 _NOT_MARKER: Final = b"\xfe\xff"  # -2, little-endian
 
-_FORMATS: Final[Mapping[int, str]] = {rate: f"pcm_{rate}" for rate in SUPPORTED_SAMPLE_RATES}
-
 
 class JambonzErrorCode(enum.StrEnum):
     """Machine-readable codes carried by :class:`JambonzError` subclasses."""
@@ -268,13 +268,8 @@ class JambonzErrorCode(enum.StrEnum):
     UNSUPPORTED_FORMAT = "unsupported_format"  # format_name() for a rate we do not speak
 
 
-class JambonzError(Exception):
+class JambonzError(CoreError[JambonzErrorCode]):
     """Base of this module's errors: ``code`` for machines, ``message`` for the log."""
-
-    def __init__(self, code: JambonzErrorCode, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 class JambonzProtocolError(JambonzError):
@@ -424,17 +419,12 @@ def _without_marker_samples(pcm: bytes) -> bytes:
     return bytes(out)
 
 
-def _get(obj: Mapping[str, Any], key: str, path: str) -> Any:
-    if key not in obj:
-        raise _fail(JambonzErrorCode.MISSING_FIELD, f"{path} is missing")
-    return obj[key]
-
-
-def _str(obj: Mapping[str, Any], key: str, path: str) -> str:
-    value = _get(obj, key, path)
-    if not isinstance(value, str):
-        raise _fail(JambonzErrorCode.INVALID_FIELD, f"{path} must be a string")
-    return value
+_FIELDS: Final = JsonFields(
+    JambonzProtocolError, JambonzErrorCode.MISSING_FIELD, JambonzErrorCode.INVALID_FIELD
+)
+_get = _FIELDS.get
+_str = _FIELDS.string
+_object = _FIELDS.object
 
 
 def _optional_address(obj: Mapping[str, Any], key: str) -> str | None:
@@ -446,13 +436,6 @@ def _optional_address(obj: Mapping[str, Any], key: str) -> str | None:
         raise _fail(JambonzErrorCode.INVALID_FIELD, f"{key} must be a string")
     if len(value) > MAX_ADDRESS_CHARS:
         raise _fail(JambonzErrorCode.INVALID_FIELD, f"{key} is over {MAX_ADDRESS_CHARS} characters")
-    return value
-
-
-def _object(obj: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
-    value = _get(obj, key, path)
-    if not isinstance(value, dict):
-        raise _fail(JambonzErrorCode.INVALID_FIELD, f"{path} must be an object")
     return value
 
 
@@ -611,15 +594,20 @@ class JambonzConnection:
         return tuple(self._pending)
 
     @staticmethod
-    def format_name(sample_rate: int) -> str:
-        """The gateway format for L16 at ``sample_rate`` (``16000`` -> ``pcm_16000``)."""
-        name = _FORMATS.get(sample_rate)
-        if name is None:
+    def audio_spec(sample_rate: int) -> AudioSpec:
+        """What the stream carries at ``sample_rate``: L16 (16-bit PCM) at that rate."""
+        if sample_rate not in SUPPORTED_SAMPLE_RATES:
             raise JambonzUsageError(
                 JambonzErrorCode.UNSUPPORTED_FORMAT,
                 f"no gateway format for {sample_rate} Hz; one of {SUPPORTED_SAMPLE_RATES}",
             )
-        return name
+        return pcm(sample_rate)
+
+    @staticmethod
+    def format_name(sample_rate: int) -> str:
+        """The wire name of :meth:`audio` (``16000`` -> ``pcm_16000``), from the formats
+        table."""
+        return JambonzConnection.audio_spec(sample_rate).name
 
     # ----------------------------------------------------------------- state table
 

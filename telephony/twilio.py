@@ -58,6 +58,7 @@ from typing import Any, Final, TypeAlias
 
 import msgspec
 
+from telephony.core import CoreError, JsonFields
 from telephony.limits import call_id_problem, excerpt
 
 __all__ = [
@@ -150,13 +151,8 @@ class TwilioErrorCode(enum.StrEnum):
     TOO_MANY_MARKS = "too_many_marks"
 
 
-class TwilioError(Exception):
+class TwilioError(CoreError[TwilioErrorCode]):
     """Base of this module's errors: ``code`` for machines, ``message`` for the log."""
-
-    def __init__(self, code: TwilioErrorCode, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 class TwilioProtocolError(TwilioError):
@@ -310,17 +306,13 @@ def _fail(code: TwilioErrorCode, message: str) -> TwilioProtocolError:
     return TwilioProtocolError(code, message)
 
 
-def _get(obj: Mapping[str, Any], key: str, path: str) -> Any:
-    if key not in obj:
-        raise _fail(TwilioErrorCode.MISSING_FIELD, f"{path} is missing")
-    return obj[key]
-
-
-def _str(obj: Mapping[str, Any], key: str, path: str) -> str:
-    value = _get(obj, key, path)
-    if not isinstance(value, str):
-        raise _fail(TwilioErrorCode.INVALID_FIELD, f"{path} must be a string")
-    return value
+_FIELDS: Final = JsonFields(
+    TwilioProtocolError, TwilioErrorCode.MISSING_FIELD, TwilioErrorCode.INVALID_FIELD
+)
+_get = _FIELDS.get
+_str = _FIELDS.string
+_object = _FIELDS.object
+_int = _FIELDS.integer
 
 
 def _nonempty_str(obj: Mapping[str, Any], key: str, path: str) -> str:
@@ -339,13 +331,6 @@ def _call_id(obj: Mapping[str, Any], key: str, path: str) -> str:
     return value
 
 
-def _object(obj: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
-    value = _get(obj, key, path)
-    if not isinstance(value, dict):
-        raise _fail(TwilioErrorCode.INVALID_FIELD, f"{path} must be an object")
-    return value
-
-
 def _counter(obj: Mapping[str, Any], key: str, path: str) -> int:
     """A non-negative integer that Twilio sends as a decimal string (e.g. ``"1"``)."""
     value = _get(obj, key, path)
@@ -359,13 +344,6 @@ def _counter(obj: Mapping[str, Any], key: str, path: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     raise _fail(TwilioErrorCode.INVALID_FIELD, f"{path} must be a non-negative integer")
-
-
-def _int(obj: Mapping[str, Any], key: str, path: str) -> int:
-    value = _get(obj, key, path)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(TwilioErrorCode.INVALID_FIELD, f"{path} must be an integer")
-    return value
 
 
 # --------------------------------------------------------------------------- connection

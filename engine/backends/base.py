@@ -1,4 +1,4 @@
-"""The interface every TTS backend implements, and the backend registry.
+"""The interface every TTS backend implements, and its capability record.
 
 Two forms of synthesis:
 
@@ -12,6 +12,10 @@ Two forms of synthesis:
   once, on as many worker threads. A one-shot model (Piper) emits each segment's audio
   when the call returns; an autoregressive model implements it step by step: one decode
   step for every segment of the batch, then the chunks that step produced.
+
+What a backend can do beyond :class:`Backend` is declared in one typed record, its
+``capabilities`` (:class:`~engine.ipc.schema.Capabilities`), read through
+:func:`capabilities_of`. Which backends exist is engine/backends/table.py.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from engine.ipc.schema import VoiceInfo
+# The table's functions, re-exported for existing callers (the table imports nothing).
+from engine.backends.table import backend_names as backend_names
+from engine.backends.table import create_backend as create_backend
+from engine.ipc.schema import Capabilities, VoiceInfo
 
 PcmChunk = npt.NDArray[np.int16]
 # Receives int16 mono PCM at the backend's native rate; returns False to stop synthesis.
@@ -89,14 +96,6 @@ class VoiceSettings:
     instruct: str | None = None  # a style instruction (dialect, emotion), if any
 
 
-@runtime_checkable
-class InstructionFollower(Protocol):
-    """Backends that take a free-text style instruction (``VoiceSettings.instruct``);
-    for any other backend the routing layer refuses one with ``instruct_unsupported``."""
-
-    follows_instructions: bool
-
-
 class Backend(Protocol):
     name: str
     version: str  # changes whenever its output or its voice features change
@@ -144,8 +143,8 @@ class SynthesisJob:
 # empty chunk only asks that (an autoregressive backend asks before each step, so that a
 # cancel stops its decoding at once rather than at its next chunk).
 BatchEmit = Callable[[int, PcmChunk], bool]
-# Receives (job index, that job's words timed against its audio); from batch backends whose
-# ``times_words`` is True, passed as ``synthesize_batch``'s third argument.
+# Receives (job index, that job's words timed against its audio); passed as
+# ``synthesize_batch``'s third argument to batch backends that declare ``word_timings``.
 BatchWords = Callable[[int, Sequence["WordTiming"]], None]
 
 
@@ -155,19 +154,18 @@ class BatchSynthesizer(Protocol):
 
     max_batch: int  # the most jobs one call takes
     threads: int  # how many calls may run at once
-    # Optional ``independent_calls`` (class attribute, default False): a call costs the same
-    # whatever runs beside it (one call per core), so the scheduler can tell from the
-    # lane's pace whether a new utterance fits (engine/capacity.py) and holds it back
-    # when it does not. A step loop batching every stream (CosyVoice2) does not qualify.
 
     def batch_key(self, voice: object) -> object:
         """Jobs batch together only when their voices' keys are equal (one model)."""
         ...
 
-    def synthesize_batch(self, jobs: Sequence[SynthesisJob], emit: BatchEmit) -> None:
+    def synthesize_batch(
+        self, jobs: Sequence[SynthesisJob], emit: BatchEmit, words: BatchWords | None = None
+    ) -> None:
         """Synthesize every job (all with one :meth:`batch_key`), calling ``emit`` for each
-        job's audio in order. Thread-safe. Raises :class:`BackendError` for the whole
-        batch."""
+        job's audio in order, and ``words`` (given only to a backend that declares
+        ``word_timings``) with each job's words. Thread-safe. Raises
+        :class:`BackendError` for the whole batch."""
         ...
 
 
@@ -198,35 +196,22 @@ class GpuMemoryReporter(Protocol):
         ...
 
 
-BackendFactory = Callable[[], Backend]
-_REGISTRY: dict[str, BackendFactory] = {}
+@runtime_checkable
+class Declares(Protocol):
+    """A backend that declares what it can do (every backend of the table does)."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
 
 
-def register_backend(name: str, factory: BackendFactory) -> None:
-    _REGISTRY[name] = factory
-
-
-def create_backend(name: str) -> Backend:
-    """Instantiate backend ``name``; raises KeyError listing the known names."""
-    _load_builtin_backends()
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise KeyError(f"unknown engine backend {name!r} (known: {known})") from None
-    return factory()
-
-
-def backend_names() -> list[str]:
-    _load_builtin_backends()
-    return sorted(_REGISTRY)
-
-
-def _load_builtin_backends() -> None:
-    # Imported lazily so that a backend's heavy dependencies load only when chosen.
-    from engine.backends import cosyvoice2, espeak, piper, synthetic
-
-    cosyvoice2.register()
-    espeak.register()
-    piper.register()
-    synthetic.register()
+def capabilities_of(backend: Backend) -> Capabilities:
+    """What ``backend`` can do: its declared record. An object that declares none (a test
+    double written to the protocols above) gets what its protocols show: batch, word
+    timings, cloning; never independent calls, instructions or a GPU."""
+    if isinstance(backend, Declares):
+        return backend.capabilities
+    return Capabilities(
+        batch=isinstance(backend, BatchSynthesizer),
+        word_timings=isinstance(backend, WordTimer),
+        cloning=isinstance(backend, VoicePreparer),
+    )

@@ -36,10 +36,9 @@ from engine.backends.base import (
     UnknownVoice,
     VoiceSettings,
     WordTiming,
-    register_backend,
 )
 from engine.backends.espeak_lib import EE_OK, ESPEAK_CHARS_UTF8, library
-from engine.ipc.schema import VoiceInfo
+from engine.ipc.schema import Capabilities, VoiceInfo
 from engine.voice_profile import (
     HOP_S,
     MAX_RATE_FACTOR,
@@ -411,6 +410,9 @@ class EspeakBackend:
     name = "espeak"
     max_text_chars = 5000
     version: str
+    # Inline (one segment at a time in the coordinator), its words timed by espeak-ng's
+    # word events, voices registered from a reference (prepare_voice).
+    capabilities = Capabilities(word_timings=True, cloning=True)
 
     def __init__(self) -> None:
         global _instance_created
@@ -742,7 +744,3 @@ class EspeakBackend:
 
 def _clamp_rate(rate_wpm: int) -> int:
     return max(MIN_RATE_WPM, min(MAX_RATE_WPM, rate_wpm))
-
-
-def register() -> None:
-    register_backend("espeak", EspeakBackend)

@@ -74,12 +74,11 @@ from engine.backends.base import (
     UnknownVoice,
     VoiceSettings,
     WordTiming,
-    register_backend,
 )
 from engine.backends.espeak_lib import library
 from engine.backends.onnx_conv2d import conv1d_as_conv2d
 from engine.backends.onnx_cpu import cpu_session
-from engine.ipc.schema import VoiceInfo
+from engine.ipc.schema import Capabilities, VoiceInfo
 
 log = logging.getLogger(__name__)
 
@@ -492,7 +491,9 @@ class PiperBackend:
     """Piper voices. ``threads`` runs may go on at once, ``max_batch`` segments each."""
 
     name = "piper"
-    independent_calls = True  # one ONNX Runtime run per worker thread, one core each
+    # One ONNX Runtime run per worker thread, one core each (independent calls); words
+    # timed by the duration predictor (synthesize_batch's ``words``).
+    capabilities = Capabilities(independent_calls=True, batch=True, word_timings=True)
     max_text_chars = 5000
 
     def __init__(
@@ -562,8 +563,6 @@ class PiperBackend:
         assert isinstance(voice, PiperVoice)
         return (voice.model.path, voice.scales)
 
-    times_words = True  # synthesize_batch reports words from the duration predictor
-
     def synthesize_batch(
         self, jobs: Sequence[SynthesisJob], emit: BatchEmit, words: BatchWords | None = None
     ) -> None:
@@ -605,11 +604,9 @@ class PiperBackend:
         self._models.clear()
 
 
-def register() -> None:
-    def create() -> PiperBackend:
-        from engine.config import EngineSettings
+def create() -> PiperBackend:
+    """The engine's Piper backend (engine/backends/table.py), sized by its settings."""
+    from engine.config import EngineSettings
 
-        settings = EngineSettings.from_env(os.environ)
-        return PiperBackend(max_batch=settings.max_batch, threads=settings.workers)
-
-    register_backend("piper", create)
+    settings = EngineSettings.from_env(os.environ)
+    return PiperBackend(max_batch=settings.max_batch, threads=settings.workers)

@@ -3,7 +3,7 @@ one backend, and a stream's voice decides which backend synthesizes it.
 
 The first backend listed that has a voice id serves it (a later backend's voice with the
 same id is hidden, and logged). Registered (cloned, voice-matched) voices are prepared by
-the first backend that can (:class:`~engine.backends.base.VoicePreparer`), and their
+the first backend that can (its capabilities' ``cloning``), and their
 profiles are spoken by that backend's voices: the gateway picks their base voice among
 that backend's voices (``Welcome.cloning_backend``).
 """
@@ -18,12 +18,12 @@ from engine.backends.base import (
     Backend,
     BackendError,
     GpuMemoryReporter,
-    InstructionFollower,
     UnknownVoice,
     VoicePreparer,
     VoiceSettings,
-    create_backend,
+    capabilities_of,
 )
+from engine.backends.table import create_backend
 from engine.ipc.schema import VoiceInfo
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,12 @@ class BackendSet:
                 self._voices.append(voice)
         self._languages = {v.id: v.language for v in self._voices}
         self.preparer: Backend | None = next(
-            (b for b in self.members if isinstance(b, VoicePreparer)), None
+            (
+                b
+                for b in self.members
+                if capabilities_of(b).cloning and isinstance(b, VoicePreparer)
+            ),
+            None,
         )
 
     @classmethod
@@ -103,7 +108,7 @@ class BackendSet:
         backend = self._owner.get(settings.voice_id)
         if backend is None:
             raise UnknownVoice(settings.voice_id)
-        if settings.instruct and not isinstance(backend, InstructionFollower):
+        if settings.instruct and not capabilities_of(backend).instruct:
             raise BackendError(
                 "instruct_unsupported",
                 f"voice {settings.voice_id} ({backend.name}) takes no style instruction",
@@ -114,7 +119,12 @@ class BackendSet:
 
     def gpu(self) -> GpuMemoryReporter | None:
         return next(
-            (b for b in self.members if isinstance(b, GpuMemoryReporter) and b.on_gpu), None
+            (
+                b
+                for b in self.members
+                if capabilities_of(b).device == "cuda" and isinstance(b, GpuMemoryReporter)
+            ),
+            None,
         )
 
     def close(self) -> None:

@@ -18,8 +18,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.backends.base import BackendError, EmitFn, UnknownVoice, VoiceSettings, register_backend
-from engine.ipc.schema import VoiceInfo
+from engine.backends.base import (
+    BackendError,
+    BatchSynthesizer,
+    EmitFn,
+    UnknownVoice,
+    VoiceSettings,
+    WordTimer,
+)
+from engine.ipc.schema import Capabilities, VoiceInfo
 
 CHAR_MS = 60
 CHUNK_MS = 40
@@ -40,11 +47,28 @@ class SyntheticBackend:
     version = "synthetic/profile-1"
     native_sample_rate = 16000
     max_text_chars = 5000
+    # Tests subclass these tones into the shapes of other backends (a batch backend whose
+    # calls are independent, one that takes instructions, one on a GPU): set these, or
+    # implement BatchSynthesizer or WordTimer, and ``capabilities`` says so.
+    independent_calls = False
+    follows_instructions = False
+    on_gpu = False
 
     def __init__(self) -> None:
         self.first_chunk_s = float(os.environ.get("ENGINE_SYNTHETIC_FIRST_CHUNK_MS", "0")) / 1000
         self.rtf = float(os.environ.get("ENGINE_SYNTHETIC_RTF", "0"))
         self.ballast_bytes = int(float(os.environ.get("ENGINE_SYNTHETIC_BALLAST_MB", "0")) * 2**20)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            independent_calls=self.independent_calls,
+            batch=isinstance(self, BatchSynthesizer),
+            word_timings=isinstance(self, WordTimer),
+            cloning=True,
+            instruct=self.follows_instructions,
+            device="cuda" if self.on_gpu else "cpu",
+        )
 
     def voices(self) -> Sequence[VoiceInfo]:
         return [
@@ -100,7 +124,3 @@ class SyntheticBackend:
 
     def close(self) -> None:
         pass
-
-
-def register() -> None:
-    register_backend("synthetic", SyntheticBackend)

@@ -123,6 +123,20 @@ class VoiceInfo(msgspec.Struct, kw_only=True):
     gender: str | None = None
 
 
+class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
+    """What a backend can do: declared by the backend (its ``capabilities``), read by the
+    engine's scheduler (its lane) and routing, and by the gateway (``Welcome``)."""
+
+    # A call costs the same whatever runs beside it (one call per core): its lane admits
+    # new utterances by measured capacity (engine/capacity.py).
+    independent_calls: bool = False
+    batch: bool = False  # runs segments of many streams per call, on worker threads
+    word_timings: bool = False  # times the words it speaks (else they are estimated)
+    cloning: bool = False  # prepares registered voices from a reference recording
+    instruct: bool = False  # takes a free-text style instruction
+    device: str = "cpu"  # where it runs: "cpu" or "cuda"
+
+
 class Welcome(Message):
     protocol_version: int
     engine_pid: int
@@ -141,6 +155,8 @@ class Welcome(Message):
     # The backend that prepares registered voices and speaks them ("" when none): their
     # base voice is one of its voices (each VoiceInfo names its backend).
     cloning_backend: str = ""
+    # Each backend's name -> what it can do.
+    capabilities: dict[str, Capabilities] = msgspec.field(default_factory=dict)
 
 
 class Pong(Message):

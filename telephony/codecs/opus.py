@@ -11,6 +11,8 @@ import importlib
 from types import ModuleType
 from typing import Any, Final, Literal
 
+from telephony.codecs.formats import OPUS_RATES
+
 __all__ = [
     "SUPPORTED_RATES",
     "Application",
@@ -20,8 +22,8 @@ __all__ = [
     "opus_available",
 ]
 
-SUPPORTED_RATES: Final = frozenset({8000, 12000, 16000, 24000, 48000})
-"""Sample rates libopus accepts for encoding and decoding, in Hz."""
+SUPPORTED_RATES: Final = OPUS_RATES
+"""Sample rates libopus accepts for encoding and decoding, in Hz (telephony/codecs/formats.py)."""
 
 _FRAME_MS: Final = frozenset({10, 20, 40, 60})
 _MAX_FRAME_MS: Final = 120  # longest duration one Opus packet can carry (RFC 6716 3.2.5)

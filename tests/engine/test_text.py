@@ -500,7 +500,7 @@ def test_abbreviation_detection_independent_of_chunking():
 
 
 def test_default_language_is_american_english():
-    splitter = SegmentSplitter()  # as engine/scheduler.py constructs it
+    splitter = SegmentSplitter()  # as engine/scheduler/coordinator.py constructs it
     assert splitter.language == "en-US"
     assert splitter.feed("Your balance is $120.50. ") == [
         "Your balance is one hundred twenty dollars and fifty cents."

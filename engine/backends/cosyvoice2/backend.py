@@ -68,7 +68,7 @@ from engine.backends.cosyvoice2.voice import (
     encode,
 )
 from engine.ipc.env import ConfigError
-from engine.ipc.schema import MAX_INSTRUCT_CHARS, VoiceInfo
+from engine.ipc.schema import MAX_INSTRUCT_CHARS, Capabilities, VoiceInfo
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +161,7 @@ class CosyVoice2Backend:
 
     name = "cosyvoice2"
     max_text_chars = MAX_TEXT_CHARS
-    times_words = False
-    follows_instructions = True  # instruct2: dialect and emotion by instruction
+    capabilities: Capabilities
 
     def __init__(self, settings: CosyVoice2Settings) -> None:
         upstream.require()
@@ -170,6 +169,11 @@ class CosyVoice2Backend:
         self.model = model_dir.load(settings.model_dir, device, settings.torch_dtype(device))
         self.version = self.model.version
         self.on_gpu = device.type == "cuda"
+        # A step loop batching every stream (calls are not independent); voices cloned
+        # from a reference; dialect and emotion by instruction (instruct2).
+        self.capabilities = Capabilities(
+            batch=True, cloning=True, instruct=True, device="cuda" if self.on_gpu else "cpu"
+        )
         self.native_sample_rate = self.model.sample_rate
         # Each scheduler call brings one segment and waits for it in the step loop, so the
         # scheduler hands a segment over as soon as it is ready (its most urgent first)

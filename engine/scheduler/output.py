@@ -1,0 +1,172 @@
+"""The scheduler's output: a stream's audio into its ring (the rest into ``pending``
+while the ring is full), utterance boundaries, the events that tell the owner where each
+utterance starts and ends and when its words are spoken, and failures. Runs on the
+coordinator thread, the rings' only writer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from engine.backends.base import WordTiming
+from engine.ipc.schema import (
+    Message,
+    UtteranceAudio,
+    UtteranceEnd,
+    UtteranceFailed,
+    UtteranceWords,
+    WordTime,
+)
+from engine.scheduler.state import StatsCounter, Stream, Utterance
+
+MAX_WORD_CHARS = 64  # a "word" longer than this (a URL read out) is cut in the event
+
+# Events are routed by the server: (owner token, message).
+EventSink = Callable[[object, Message], None]
+
+
+class OutputWriter:
+    def __init__(self, on_event: EventSink, stats: StatsCounter) -> None:
+        self._on_event = on_event
+        self._stats = stats
+
+    def write(self, stream: Stream, utterance: Utterance, pcm: bytes) -> None:
+        """Audio of ``utterance`` (the stream's head), at the stream's rate."""
+        if not pcm:
+            return
+        if utterance.start_pos is None:
+            utterance.start_pos = stream.ring.write_pos + len(stream.pending)
+        utterance.samples += len(pcm) // 2
+        self._stats.audio(len(pcm) // 2)
+        if stream.pending:
+            stream.pending += pcm
+        else:
+            written = self._to_ring(stream, pcm)
+            if written < len(pcm):
+                stream.pending += pcm[written:]
+        self._announce(stream, utterance)
+
+    def flush(self, stream: Stream) -> bool:
+        """Move what waits for ring space (boundaries, then audio) into the rings and end
+        every head utterance that is complete; True while some still waits."""
+        while stream.pending_boundaries and stream.boundaries.append(*stream.pending_boundaries[0]):
+            stream.pending_boundaries.popleft()
+        if stream.pending:
+            written = self._to_ring(stream, stream.pending)
+            if written:
+                del stream.pending[:written]
+        # Several utterances may finish in one pass (empty ones queued behind).
+        while stream.utterances:
+            utterance = stream.utterances[0]
+            self._announce(stream, utterance)
+            if not self._maybe_finish(stream, utterance):
+                break
+        return bool(stream.pending or stream.pending_boundaries)
+
+    def words(
+        self,
+        stream: Stream,
+        utterance: Utterance,
+        offset_s: float,
+        words: Sequence[WordTiming],
+        source: str = "estimate",
+    ) -> None:
+        """Tell the stream's owner the words of the segment that started at ``offset_s``
+        of the utterance's audio."""
+        if not words:
+            return
+        self._on_event(
+            stream.owner,
+            UtteranceWords(
+                stream_id=stream.stream_id,
+                utterance=utterance.seq,
+                words=tuple(
+                    WordTime(
+                        w.text[:MAX_WORD_CHARS],
+                        round((offset_s + w.start_s) * 1000),
+                        round((offset_s + w.end_s) * 1000),
+                    )
+                    for w in words
+                ),
+                source=source,
+            ),
+        )
+
+    def fail(self, stream: Stream, utterance: Utterance, code: str, message: str) -> None:
+        """Drop ``utterance``. Audio of it already in the ring ends at ``end_pos``."""
+        end_pos: int | None = None
+        if stream.utterances and stream.utterances[0] is utterance:
+            stream.pending.clear()  # only the head utterance has output in flight
+            stream.renew_resampler()
+            if utterance.announced:
+                end_pos = stream.ring.write_pos
+                self._publish_boundary(stream, utterance.seq, end_pos)
+        if utterance in stream.utterances:
+            stream.utterances.remove(utterance)
+        stream.failed.append(utterance.seq)
+        self._on_event(
+            stream.owner,
+            UtteranceFailed(
+                stream_id=stream.stream_id,
+                utterance=utterance.seq,
+                code=code,
+                message=message,
+                start_pos=utterance.start_pos if utterance.announced else None,
+                end_pos=end_pos,
+            ),
+        )
+
+    @staticmethod
+    def _to_ring(stream: Stream, data: bytes | bytearray) -> int:
+        written = stream.ring.write(data)
+        if stream.tap is not None and written:
+            stream.tap.write(data[:written])
+        return written
+
+    def _announce(self, stream: Stream, utterance: Utterance) -> None:
+        if (
+            not utterance.announced
+            and utterance.start_pos is not None
+            and stream.ring.write_pos > utterance.start_pos
+        ):
+            utterance.announced = True
+            self._on_event(
+                stream.owner,
+                UtteranceAudio(
+                    stream_id=stream.stream_id,
+                    utterance=utterance.seq,
+                    start_pos=utterance.start_pos,
+                ),
+            )
+
+    def _maybe_finish(self, stream: Stream, utterance: Utterance) -> bool:
+        """End the head ``utterance`` if all of it is in the ring; True if it ended."""
+        if not utterance.final or utterance.segments or stream.busy:
+            return False
+        if not utterance.tail_flushed:
+            utterance.tail_flushed = True
+            self.write(stream, utterance, stream.resampler.flush())
+        if stream.pending:
+            return False
+        self._announce(stream, utterance)
+        end = stream.ring.write_pos
+        start = utterance.start_pos if utterance.start_pos is not None else end
+        if end > start:
+            self._publish_boundary(stream, utterance.seq, end)
+        stream.utterances.popleft()  # the resampler was cleared by its flush() above
+        self._on_event(
+            stream.owner,
+            UtteranceEnd(
+                stream_id=stream.stream_id,
+                utterance=utterance.seq,
+                start_pos=start,
+                end_pos=end,
+                samples=utterance.samples,
+            ),
+        )
+        return True
+
+    @staticmethod
+    def _publish_boundary(stream: Stream, seq: int, end_pos: int) -> None:
+        """Record where ``seq`` ends before any later audio enters the ring."""
+        if stream.pending_boundaries or not stream.boundaries.append(seq, end_pos):
+            stream.pending_boundaries.append((seq, end_pos))

@@ -1,0 +1,206 @@
+"""The scheduler's rules, as functions of its state: which stream is most urgent, which
+streams form a lane's next batch, whether a new utterance fits the lane's capacity, when
+a playing stream's next segment must be cut, and the paces those rules read. No threads
+and no clock of its own (the caller passes ``now``): unit-tested directly
+(tests/engine/scheduler/test_policy.py). The rules are explained in
+engine/scheduler/__init__.py."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.backends.base import BatchSynthesizer
+from engine.capacity import COST_FACTOR, MARGIN_S, Pace, StreamWork, can_start
+from engine.scheduler.state import Lane, Stream
+from engine.text import MIN_FIT_CHARS, split_to_fit
+
+# A playing stream goes before new utterances while it holds less unplayed audio than
+# RESERVE_FACTOR times what its next segment is expected to take to synthesize (the
+# lane's recent wall seconds per character), plus RESERVE_FLOOR_S.
+RESERVE_FACTOR = 3.0
+RESERVE_FLOOR_S = 0.2
+PACE_SMOOTHING = 0.2  # weight of the newest batch in a lane's seconds per character
+# Seconds of audio per character of text before a lane has measured its own (English
+# speech is about 14 characters a second).
+AUDIO_PER_CHAR_PRIOR = 0.07
+
+
+def smoothed(old: float, value: float) -> float:
+    """A recent average: ``value`` weighted PACE_SMOOTHING against ``old`` (0: none yet)."""
+    return value if old == 0.0 else old + PACE_SMOOTHING * (value - old)
+
+
+def ready(stream: Stream) -> bool:
+    """Has a segment to do, and room for its audio (no backlog), and none in flight."""
+    return not (
+        stream.busy
+        or stream.pending
+        or stream.pending_boundaries
+        or not stream.utterances
+        or not stream.utterances[0].segments
+    )
+
+
+def is_new(stream: Stream) -> bool:
+    """Its head utterance has not begun and nothing of the stream is playing."""
+    head = stream.utterances[0]
+    return (
+        head.start_pos is None
+        and not stream.busy
+        and not stream.pending
+        and stream.ring.readable_bytes() == 0
+    )
+
+
+def unplayed_s(stream: Stream) -> float:
+    """Seconds of the stream's audio produced and not yet heard (ring and backlog)."""
+    return (stream.ring.readable_bytes() + len(stream.pending)) / stream.bytes_per_second
+
+
+def segment_chars(stream: Stream) -> tuple[int, ...]:
+    return tuple(len(segment) for u in stream.utterances for segment in u.segments)
+
+
+def remaining_work(stream: Stream, now: float) -> StreamWork:
+    """What ``stream`` still needs from its lane (engine/capacity.py)."""
+    return StreamWork(
+        segment_chars(stream),
+        unplayed_s=unplayed_s(stream),
+        heard=bool(stream.utterances) and stream.utterances[0].start_pos is not None,
+        in_flight_s=max(0.0, stream.busy_until - now) if stream.busy else None,
+        in_flight_audio_s=stream.busy_audio_s,
+        audio_per_char=stream.audio_per_char or None,
+    )
+
+
+def observe_audio(lane: Lane, stream: Stream, seconds: float, chars: int) -> None:
+    """A segment of ``chars`` characters gave ``seconds`` of audio."""
+    if chars > 0 and seconds > 0.0:
+        rate = seconds / chars
+        lane.audio_per_char = smoothed(lane.audio_per_char, rate)
+        stream.audio_per_char = smoothed(stream.audio_per_char, rate)
+
+
+def observe_pace(lane: Lane, seconds: float, chars: int) -> None:
+    """A call whose longest segment had ``chars`` characters took ``seconds``."""
+    if chars > 0:
+        lane.seconds_per_char = smoothed(lane.seconds_per_char, seconds / chars)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The scheduler's tunables and the rules that read them."""
+
+    reserve_factor: float = RESERVE_FACTOR
+    reserve_floor_s: float = RESERVE_FLOOR_S
+    cost_factor: float = COST_FACTOR
+    margin_s: float = MARGIN_S
+
+    def urgency(self, stream: Stream) -> tuple[int, float]:
+        """Sort key of a ready stream, most urgent first: a playing stream's slack is its
+        unplayed audio less the expected synthesis time of its next segment."""
+        head = stream.utterances[0]
+        buffered = stream.ring.readable_bytes() / stream.bytes_per_second
+        if is_new(stream):
+            return (1, head.arrived_at)  # a new utterance, nothing playing
+        expected = stream.lane.seconds_per_char * len(head.segments[0])
+        slack = buffered - expected
+        at_risk = buffered < self.reserve_factor * expected + self.reserve_floor_s
+        return (0 if at_risk else 2, slack)
+
+    def most_urgent(self, streams: Sequence[Stream], *, inline: bool) -> Stream | None:
+        """The most urgent ready stream of ``streams`` in an inline lane (``inline``) or a
+        worker lane. Streams with a backlog (``pending``) are skipped: their ring is full."""
+        best: Stream | None = None
+        best_key = (0, 0.0)  # (tier, slack or arrival)
+        for stream in streams:
+            if (stream.lane.batch is None) != inline or not ready(stream):
+                continue
+            key = self.urgency(stream)
+            if best is None or key < best_key:
+                best, best_key = stream, key
+        return best
+
+    def choose(
+        self,
+        lane: Lane,
+        batch: BatchSynthesizer,
+        candidates: Sequence[Stream],
+        now: float,
+    ) -> list[Stream]:
+        """The next batch of ``lane`` (whose backend is ``batch``): of ``candidates``
+        (ready, most urgent first), the most urgent of one model (``batch_key``), up to
+        ``max_batch``, each marked busy. In a gated lane new utterances start in order of
+        arrival and only while they fit (:meth:`can_start`), and a playing stream's next
+        segment is cut to fit (:meth:`fit_next_segment`)."""
+        chosen: list[Stream] = []
+        key: object = None
+        may_start = True
+        for stream in candidates:
+            if len(chosen) == lane.max_batch:
+                break
+            stream_key = batch.batch_key(stream.handle())
+            if chosen and stream_key != key:
+                continue
+            if lane.gated and is_new(stream):
+                may_start = may_start and self.can_start(lane, stream, chosen, now)
+                if not may_start:
+                    continue
+            elif lane.gated:
+                self.fit_next_segment(lane, stream)
+            key = stream_key
+            self.mark_busy(lane, stream, now)
+            chosen.append(stream)
+        return chosen
+
+    def can_start(self, lane: Lane, stream: Stream, forming: Sequence[Stream], now: float) -> bool:
+        """Whether the new utterance of ``stream`` fits in ``lane`` now
+        (engine/capacity.py); ``forming`` are the streams of the batch being formed."""
+        committed = [
+            s
+            for s in lane.streams.values()
+            if s is not stream
+            and (s.busy or (s.utterances and s.utterances[0].segments and not is_new(s)))
+        ]
+        if lane.seconds_per_char == 0.0:  # no pace yet: one new utterance per worker
+            return sum(s.busy for s in committed) < lane.threads
+        ends = list(lane.running.values())
+        if forming:
+            ends.append(max(s.busy_until for s in forming))
+        workers = [max(0.0, end - now) for end in ends]
+        workers += [0.0] * (lane.threads - len(workers))
+        return can_start(
+            StreamWork(segment_chars(stream)),
+            [remaining_work(s, now) for s in committed],
+            workers_free_in=workers,
+            pace=Pace(lane.seconds_per_char, lane.audio_per_char or AUDIO_PER_CHAR_PRIOR),
+            cost_factor=self.cost_factor,
+            margin_s=self.margin_s,
+            min_piece_chars=MIN_FIT_CHARS,
+        )
+
+    def fit_next_segment(self, lane: Lane, stream: Stream) -> None:
+        """Cut the next segment of a playing stream when, at the lane's pace, it would not
+        be ready before the stream's unplayed audio runs out: its first piece goes now, the
+        rest next (a slow or loaded machine would otherwise stutter at a long segment that
+        follows a short opening)."""
+        head = stream.utterances[0]
+        if lane.seconds_per_char == 0.0 or head.start_pos is None:
+            return
+        char_cost = lane.seconds_per_char * self.cost_factor
+        budget = (unplayed_s(stream) - self.margin_s) / char_cost
+        if len(head.segments[0]) > budget:
+            pieces = split_to_fit(head.segments[0], int(budget))
+            if len(pieces) > 1:
+                head.segments.popleft()
+                head.segments.extendleft(reversed(pieces))
+
+    def mark_busy(self, lane: Lane, stream: Stream, now: float) -> None:
+        """``stream``'s next segment goes to ``lane``: when it is expected done (with the
+        replay's safety on its cost, engine/capacity.py) and the audio it should give."""
+        chars = len(stream.utterances[0].segments[0])
+        rate = stream.audio_per_char or lane.audio_per_char or AUDIO_PER_CHAR_PRIOR
+        stream.busy = True
+        stream.busy_until = now + lane.seconds_per_char * chars * self.cost_factor
+        stream.busy_audio_s = rate * chars

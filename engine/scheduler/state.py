@@ -1,0 +1,151 @@
+"""What the coordinator knows of its streams, utterances and lanes, and the two pieces of
+state other threads share with it, each behind its own lock: the slots' generations
+(read by the lanes' workers) and the counters (read by the server's event loop)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import BinaryIO
+
+from engine.backends.base import Backend, BatchSynthesizer
+from engine.backends.routing import RoutedVoice
+from engine.ipc.boundaries import BoundaryWriter
+from engine.ipc.ring import SpscRing
+from engine.text import SegmentSplitter
+from telephony.codecs.resample import StreamingResampler
+
+
+@dataclass
+class Utterance:
+    seq: int
+    splitter: SegmentSplitter = field(default_factory=SegmentSplitter)
+    arrived_at: float = field(default_factory=time.monotonic)
+    segments: deque[str] = field(default_factory=deque)
+    final: bool = False
+    chars: int = 0
+    start_pos: int | None = None
+    announced: bool = False
+    samples: int = 0
+    tail_flushed: bool = False
+    native_s: float = 0.0  # seconds of the backend's audio so far (word times count from 0)
+    handle: object = None  # its own voice handle (a style instruction), else the stream's
+    startable_since: float | None = None  # first seen able to start (the start deadline)
+    dispatched: bool = False  # a segment of it went to synthesis: the deadline is over
+
+
+@dataclass
+class Lane:
+    """Where one backend's segments run, and what the coordinator has measured of it
+    (see engine/scheduler/__init__.py). Owned by the coordinator thread."""
+
+    backend: Backend
+    batch: BatchSynthesizer | None  # None: in the coordinator, one segment at a time
+    threads: int = 0
+    max_batch: int = 1
+    # New utterances start only when they fit (engine/capacity.py): set for backends
+    # whose calls are independent (their capability record's ``independent_calls``).
+    gated: bool = False
+    # The backend times the words it speaks (its capability record's ``word_timings``).
+    times_words: bool = False
+    in_flight: int = 0  # batches handed to the workers and not yet done
+    # Recent wall time of a call per character of its longest segment (the padded length).
+    seconds_per_char: float = 0.0
+    audio_per_char: float = 0.0  # recent seconds of audio per character of text
+    running: dict[int, float] = field(default_factory=dict)  # id(batch) -> expected end
+    streams: dict[int, Stream] = field(default_factory=dict)  # slot -> its open stream
+
+
+@dataclass
+class Stream:
+    slot: int
+    stream_id: int
+    owner: object
+    ring: SpscRing
+    boundaries: BoundaryWriter
+    voice: RoutedVoice
+    lane: Lane
+    resampler: StreamingResampler
+    bytes_per_second: int
+    sample_rate: int
+    busy: bool = False  # a segment of it is with a lane's worker
+    busy_until: float = 0.0  # when that segment is expected done (monotonic)
+    busy_audio_s: float = 0.0  # and the audio it is expected to give
+    audio_per_char: float = 0.0  # this stream's recent seconds of audio per character
+    utterances: deque[Utterance] = field(default_factory=deque)
+    pending: bytearray = field(default_factory=bytearray)
+    # Utterance ends not yet in the boundaries ring (it was full): block later audio.
+    pending_boundaries: deque[tuple[int, int]] = field(default_factory=deque)
+    # The slot's generation when this stream last dropped its work (see Generations).
+    generation: int = 0
+    tap: BinaryIO | None = None  # debug copy of everything written (ENGINE_PCM_TAP_DIR)
+    # Recently failed utterances: later pieces of their text are ignored.
+    failed: deque[int] = field(default_factory=lambda: deque(maxlen=64))
+
+    def handle(self) -> object:
+        """The voice handle of the head utterance (its own, with a style instruction) or
+        the stream's."""
+        head = self.utterances[0] if self.utterances else None
+        return head.handle if head is not None and head.handle is not None else self.voice.handle
+
+    def renew_resampler(self) -> None:
+        """A fresh resampler (a worker may still hold the old one for work now void)."""
+        self.resampler = StreamingResampler(self.voice.sample_rate, self.sample_rate)
+
+
+class Generations:
+    """slot -> generation, bumped (on the server's loop thread) on open, cancel and close,
+    so that work begun for a slot's earlier stream or earlier utterances is recognized
+    and stopped at once; read by the coordinator and the lanes' workers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[int, int] = {}
+
+    def bump(self, slot: int) -> None:
+        with self._lock:
+            self._values[slot] = self._values.get(slot, 0) + 1
+
+    def current(self, slot: int) -> int:
+        with self._lock:
+            return self._values.get(slot, 0)
+
+
+@dataclass
+class SchedulerStats:
+    active_streams: int = 0
+    queued_utterances: int = 0
+    segments: int = 0
+    audio_samples: int = 0
+    synth_seconds: float = 0.0
+
+
+class StatsCounter:
+    """The scheduler's counters: written by the coordinator, read (as a copy) by anyone."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stats = SchedulerStats()
+
+    def snapshot(self) -> SchedulerStats:
+        with self._lock:
+            return replace(self._stats)
+
+    def audio(self, samples: int) -> None:
+        with self._lock:
+            self._stats.audio_samples += samples
+
+    def synthesized(self, segments: int, seconds: float) -> None:
+        with self._lock:
+            self._stats.segments += segments
+            self._stats.synth_seconds += seconds
+
+    def streams(self, active: int) -> None:
+        with self._lock:
+            self._stats.active_streams = active
+
+    def queued(self, utterances: int) -> None:
+        with self._lock:
+            self._stats.queued_utterances = utterances

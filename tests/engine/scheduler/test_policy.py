@@ -1,0 +1,198 @@
+"""The scheduler's rules (engine/scheduler/policy.py) on hand-built state: no threads, no
+clock (``now`` is passed), real rings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from engine.backends.base import BatchEmit, BatchWords, SynthesisJob, VoiceSettings
+from engine.backends.routing import BackendSet
+from engine.backends.synthetic import SyntheticBackend, ToneVoice
+from engine.ipc.boundaries import BoundaryWriter
+from engine.ipc.ring import SpscRing
+from engine.scheduler import policy
+from engine.scheduler.policy import AUDIO_PER_CHAR_PRIOR, Policy
+from engine.scheduler.state import Lane, Stream, Utterance
+from engine.text import MIN_FIT_CHARS
+from telephony.codecs.resample import StreamingResampler
+
+RATE = 16000
+BYTES_PER_SECOND = 2 * RATE
+
+
+class TwoModels(SyntheticBackend):
+    """A batch backend whose voices "en-us" and "zh" are two models (two batch keys)."""
+
+    max_batch = 3
+    threads = 2
+
+    def batch_key(self, voice: object) -> object:
+        assert isinstance(voice, ToneVoice)
+        return voice.frequency
+
+    def synthesize_batch(
+        self, jobs: Sequence[SynthesisJob], emit: BatchEmit, words: BatchWords | None = None
+    ) -> None:
+        raise AssertionError("policy tests synthesize nothing")
+
+
+def make_ring(capacity: int = 1 << 20) -> SpscRing:
+    return SpscRing.create(bytearray(SpscRing.region_size(capacity)), capacity)
+
+
+def make_lane(*, gated: bool = False, threads: int = 2, max_batch: int = 3) -> Lane:
+    backend = TwoModels()
+    return Lane(backend, backend, threads=threads, max_batch=max_batch, gated=gated)
+
+
+def make_stream(
+    lane: Lane,
+    slot: int,
+    segments: Sequence[str],
+    *,
+    voice: str = "en-us",
+    playing_s: float = 0.0,
+    arrived_at: float = 0.0,
+) -> Stream:
+    """A stream whose head utterance has ``segments`` to do; with ``playing_s`` it has
+    begun and holds that much unplayed audio in its ring."""
+    routed = BackendSet([lane.backend]).resolve_voice(VoiceSettings(voice))
+    ring = make_ring()
+    stream = Stream(
+        slot, slot + 100, f"owner-{slot}", ring, BoundaryWriter(make_ring(4096)), routed,
+        lane, StreamingResampler(RATE, RATE), BYTES_PER_SECOND, RATE,
+    )  # fmt: skip
+    utterance = Utterance(1, arrived_at=arrived_at)
+    utterance.segments.extend(segments)
+    if playing_s:
+        utterance.start_pos = 0
+        assert ring.write(b"\0" * (int(playing_s * BYTES_PER_SECOND) // 2 * 2))
+    stream.utterances.append(utterance)
+    lane.streams[slot] = stream
+    return stream
+
+
+def test_smoothed_starts_at_the_first_value_then_weighs_the_newest_a_fifth() -> None:
+    assert policy.smoothed(0.0, 0.5) == 0.5
+    assert policy.smoothed(1.0, 2.0) == pytest.approx(1.2)
+
+
+def test_a_stream_is_ready_only_with_a_segment_no_backlog_and_nothing_in_flight() -> None:
+    lane = make_lane()
+    stream = make_stream(lane, 0, ["Hello."])
+    assert policy.ready(stream)
+    stream.pending += b"\0\0"
+    assert not policy.ready(stream)
+    stream.pending.clear()
+    stream.busy = True
+    assert not policy.ready(stream)
+    stream.busy = False
+    stream.utterances[0].segments.clear()
+    assert not policy.ready(stream)
+
+
+def test_urgency_tiers_at_risk_then_new_then_comfortable() -> None:
+    lane = make_lane()
+    lane.seconds_per_char = 0.01  # 10 chars: 0.1 s expected; reserve 3 * 0.1 + 0.2 = 0.5 s
+    rules = Policy()
+    at_risk = make_stream(lane, 0, ["0123456789"], playing_s=0.4)
+    new = make_stream(lane, 1, ["0123456789"], arrived_at=7.0)
+    comfortable = make_stream(lane, 2, ["0123456789"], playing_s=2.0)
+    assert rules.urgency(at_risk) == pytest.approx((0, 0.3))
+    assert rules.urgency(new) == (1, 7.0)
+    assert rules.urgency(comfortable) == pytest.approx((2, 1.9))
+    # An inline lane's choice among them, and a batch lane has none to offer inline.
+    inline = Lane(SyntheticBackend(), None)
+    for stream in (at_risk, new, comfortable):
+        stream.lane = inline
+    inline.seconds_per_char = 0.01
+    assert rules.most_urgent([new, comfortable, at_risk], inline=True) is at_risk
+    assert rules.most_urgent([new, comfortable, at_risk], inline=False) is None
+    at_risk.pending += b"\0\0"  # its ring is full: skipped
+    assert rules.most_urgent([new, comfortable, at_risk], inline=True) is new
+
+
+def test_a_bigger_reserve_puts_a_playing_stream_first_sooner() -> None:
+    lane = make_lane()
+    lane.seconds_per_char = 0.01
+    stream = make_stream(lane, 0, ["0123456789"], playing_s=1.0)
+    assert Policy().urgency(stream)[0] == 2
+    assert Policy(reserve_factor=10.0).urgency(stream)[0] == 0
+
+
+def test_a_batch_takes_the_most_urgent_of_one_model_up_to_max_batch() -> None:
+    lane = make_lane(max_batch=2)
+    lane.seconds_per_char = 0.01
+    first = make_stream(lane, 0, ["Hello there."], playing_s=0.1)
+    other_model = make_stream(lane, 1, ["你好。"], voice="zh", playing_s=0.1)
+    second = make_stream(lane, 2, ["Good day."], playing_s=0.2)
+    third = make_stream(lane, 3, ["And you."], playing_s=0.3)
+    rules = Policy(cost_factor=2.0)
+    batch = lane.batch
+    assert batch is not None
+    chosen = rules.choose(lane, batch, [first, other_model, second, third], now=100.0)
+    assert chosen == [first, second]
+    assert first.busy and second.busy and not other_model.busy and not third.busy
+    assert first.busy_until == pytest.approx(100.0 + 0.01 * len("Hello there.") * 2.0)
+    assert first.busy_audio_s == pytest.approx(AUDIO_PER_CHAR_PRIOR * len("Hello there."))
+
+
+def test_without_a_pace_a_gated_lane_starts_one_new_utterance_per_worker() -> None:
+    lane = make_lane(gated=True, threads=2, max_batch=1)
+    busy = make_stream(lane, 0, ["More to say."], playing_s=1.0)
+    busy.busy = True
+    new = make_stream(lane, 1, ["Hello."])
+    assert Policy().can_start(lane, new, [], now=0.0)
+    other = make_stream(lane, 2, ["Again."], playing_s=1.0)
+    other.busy = True
+    assert not Policy().can_start(lane, new, [], now=0.0)
+
+
+def test_a_gated_lane_holds_back_a_newcomer_that_would_make_a_call_stutter() -> None:
+    lane = make_lane(gated=True, threads=1, max_batch=1)
+    lane.seconds_per_char = 0.02  # 50 characters a second on its one worker
+    lane.audio_per_char = 0.07
+    # A call that has 1 s of audio left and a 20-character segment to do (0.5 s of work
+    # with the replay's safety): a 40-character newcomer first would make it run dry.
+    playing = make_stream(lane, 0, ["x" * 20], playing_s=1.0)
+    new = make_stream(lane, 1, ["y" * 40], arrived_at=1.0)
+    rules = Policy()
+    assert not rules.can_start(lane, new, [], now=0.0)
+    assert lane.batch is not None
+    assert rules.choose(lane, lane.batch, [playing, new], now=0.0) == [playing]
+    # With audio to spare, it fits.
+    lane.streams.clear()
+    roomy = make_stream(lane, 0, ["x" * 20], playing_s=30.0)
+    new = make_stream(lane, 1, ["y" * 40], arrived_at=1.0)
+    assert rules.can_start(lane, new, [], now=0.0)
+    assert roomy in lane.streams.values()
+
+
+def test_a_playing_streams_segment_that_would_come_late_is_cut_to_fit() -> None:
+    lane = make_lane(gated=True)
+    lane.seconds_per_char = 0.01
+    text = "Your call matters to us, so please stay on the line and wait for the agent."
+    stream = make_stream(lane, 0, [text], playing_s=0.35)
+    Policy().fit_next_segment(lane, stream)
+    segments = list(stream.utterances[0].segments)
+    assert len(segments) == 2 and " ".join(segments) == text
+    # (0.35 s - 0.1 s margin) / (0.01 s * 1.25) = 20 characters fit now; a piece is never
+    # shorter than MIN_FIT_CHARS
+    assert len(segments[0]) <= max(20, MIN_FIT_CHARS) < len(text)
+    # Plenty of audio, or no pace yet: left whole.
+    whole = make_stream(lane, 1, [text], playing_s=5.0)
+    Policy().fit_next_segment(lane, whole)
+    assert list(whole.utterances[0].segments) == [text]
+
+
+def test_observed_paces_are_smoothed_per_lane_and_per_stream() -> None:
+    lane = make_lane()
+    stream = make_stream(lane, 0, ["Hello."])
+    policy.observe_pace(lane, 0.5, 10)
+    policy.observe_pace(lane, 1.0, 0)  # nothing learnt from an empty segment
+    assert lane.seconds_per_char == pytest.approx(0.05)
+    policy.observe_audio(lane, stream, 0.7, 10)
+    policy.observe_audio(lane, stream, 0.0, 10)  # no audio: nothing learnt
+    assert lane.audio_per_char == stream.audio_per_char == pytest.approx(0.07)
