@@ -224,9 +224,10 @@ def backend_names() -> list[str]:
 
 def _load_builtin_backends() -> None:
     # Imported lazily so that a backend's heavy dependencies load only when chosen.
-    from engine.backends import cosyvoice2, espeak, piper, synthetic
+    from engine.backends import cosyvoice2, espeak, kokoro, piper, synthetic
 
     cosyvoice2.register()
     espeak.register()
+    kokoro.register()
     piper.register()
     synthetic.register()
