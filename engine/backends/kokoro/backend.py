@@ -107,9 +107,9 @@ def chosen_voices(env: Mapping[str, str] | None = None) -> list[VoiceSpec]:
     return chosen
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity (the pack is an array)
 class KokoroVoice:
-    """A resolved voice: its style pack, its G2P, its speed."""
+    """A resolved voice: its style pack, its speed."""
 
     spec: VoiceSpec
     pack: npt.NDArray[np.float32]

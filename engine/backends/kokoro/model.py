@@ -54,7 +54,12 @@ def tokenize(tokens: Sequence[Token]) -> list[Tokenized]:
             mapped = mapped[1:]
         if len(ids) + len(mapped) > MAX_IDS and ids:
             cut = last_break or len(ids)
-            calls.append(Tokenized(ids[:cut], [w for w in words if w[2] < cut]))
+            head = ids[:cut]
+            while head and head[-1] == space:
+                head.pop()
+            while cut < len(ids) and ids[cut] == space:
+                cut += 1
+            calls.append(Tokenized(head, [w for w in words if w[2] < len(head)]))
             ids = ids[cut:]
             words = [(w, s - cut, e - cut) for w, s, e in words if s >= cut]
             last_break = 0
