@@ -30,7 +30,7 @@ import numpy as np
 
 from engine.backends.base import SynthesisJob, VoiceSettings
 from engine.text import SegmentSplitter
-from tests.bench.intelligibility import PROMPTS_EN, PROMPTS_ZH
+from tests.bench.intelligibility import BENCH_PROMPTS_EN, PROMPTS_ZH
 from tests.bench.neural_capacity import measure
 
 OPENINGS = {
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     kokoro = KokoroBackend(threads=max(args.workers))
     piper = PiperBackend(threads=max(args.workers))
-    zh, en = segmented(PROMPTS_ZH, "zh-CN"), segmented(PROMPTS_EN, "en-US")
+    zh, en = segmented(PROMPTS_ZH, "zh-CN"), segmented(BENCH_PROMPTS_EN, "en-US")
     body: dict[str, Any] = {"offline": [], "stages": {}, "first_audio": []}
     for workers in args.workers:
         for backend, voice, texts in (
