@@ -101,8 +101,10 @@ $(BENCH_STAMP): $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
 
 # The standard benchmark matrix (docs/benchmarks.md): gateway against the naive baseline
 # at 1, 50, 200 and 500 calls, then VAD throughput, barge-in latency and the voice cache,
-# then the neural voice (offline ceiling, realtime concurrency, burst, scaling) and the
-# intelligibility of every built-in voice over the telephone, then SIP calls against Twilio legs,
+# then the neural voice (offline ceiling, realtime concurrency, burst, scaling), Kokoro's
+# cost beside Piper's (offline pace, time by graph part, first audio of openings) and the
+# intelligibility of every built-in voice over the telephone (PocketSphinx, and Whisper
+# base for English and Mandarin), then SIP calls against Twilio legs,
 # then every telephony leg side by side (Twilio, Asterisk, jambonz, FreeSWITCH, AudioSocket, SIP),
 # then one gateway worker against two (GATEWAY_WORKERS) and the relayed attach, then a
 # reconnect storm while calls speak, then the CosyVoice2 capacity cost model (tiny dimensions on
@@ -114,7 +116,8 @@ bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.barge_in
 	$(PY) -m tests.bench.voice_cache
 	$(PY) -m tests.bench.neural
-	$(PY) -m tests.bench.intelligibility
+	$(PY) -m tests.bench.kokoro --out bench-results/kokoro.json
+	$(PY) -m tests.bench.intelligibility --out bench-results/intelligibility.json
 	$(PY) -m tests.bench.sip_calls
 	$(PY) -m tests.bench.legs
 	$(PY) -m tests.bench.scale_out

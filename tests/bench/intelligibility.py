@@ -354,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in result["chinese"]:
         print(row)
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1, ensure_ascii=False))
     return 0
 

@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             body["first_audio"].append(row)
             print(json.dumps(row, ensure_ascii=False), flush=True)
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(body, indent=1, ensure_ascii=False))
     return 0
 
