@@ -104,8 +104,24 @@ PROMPTS_ZH = (
 )
 
 
+# main() keeps each rendition (not the default: a test may want renditions of its own, as
+# the Piper model samples noise).
+_SPOKEN: dict[tuple[int, str, str, str], npt.NDArray[np.int16]] | None = None
+
+
 def synthesize(backend: Backend, voice_id: str, text: str, language: str) -> npt.NDArray[np.int16]:
-    """The utterance as the engine makes it: segmented and normalized, then synthesized."""
+    """The utterance as the engine makes it (segmented and normalized, then synthesized),
+    kept per backend, voice, text and language by :func:`main` (the recognizers and the
+    spectral check hear the same audio)."""
+    if _SPOKEN is None:
+        return _synthesize(backend, voice_id, text, language)
+    key = (id(backend), voice_id, text, language)
+    if key not in _SPOKEN:
+        _SPOKEN[key] = _synthesize(backend, voice_id, text, language)
+    return _SPOKEN[key]
+
+
+def _synthesize(backend: Backend, voice_id: str, text: str, language: str) -> npt.NDArray[np.int16]:
     voice = backend.resolve_voice(VoiceSettings(voice_id))
     splitter = SegmentSplitter(language=language)
     chunks: list[npt.NDArray[np.int16]] = []
@@ -315,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         "--no-pocketsphinx", action="store_true", help="English by Whisper only (faster)"
     )
     args = parser.parse_args(argv)
+    global _SPOKEN
+    _SPOKEN = {}
     prompts_en, prompts_zh = BENCH_PROMPTS_EN[: args.prompts], PROMPTS_ZH[: args.prompts]
     espeak = EspeakBackend()
     english: list[tuple[Backend, str]] = [(espeak, v) for v in ("en-us", "en-us-f", "en-gb")]
