@@ -23,10 +23,12 @@ from engine.backends.base import (
 from engine.backends.kokoro import assets
 from engine.backends.kokoro.backend import (
     DEFAULT_MANDARIN_VOICE,
+    LEAD_KEEP_FRAMES,
     VOICES,
     KokoroBackend,
     chosen_voices,
     installed,
+    leading_cut,
 )
 from engine.backends.kokoro.g2p import MandarinG2P, Token, english
 from engine.backends.kokoro.model import MAX_IDS, SAMPLE_RATE, tokenize
@@ -216,7 +218,10 @@ def test_each_shipped_voice_speaks_for_its_predicted_length(
     _, frames = kokoro.model.run(call.ids, voice.pack[len(call.ids) - 1], 1.0)
     assert frames is not None
     pcm, words = speak(kokoro, voice_id, text)
-    assert len(pcm) == int(frames.sum()) * 600  # the predicted durations, exactly
+    # the predicted durations exactly, less the leading pad's silence but its last frames
+    assert len(pcm) == (int(frames.sum()) - leading_cut(frames)) * 600
+    assert 0 < leading_cut(frames) <= int(frames[0]) - LEAD_KEEP_FRAMES
+    assert np.abs(pcm[:1200].astype(np.int32)).max() < 300  # it opens quietly: no cut onset
     assert 1.2 < len(pcm) / SAMPLE_RATE < 4.0
     assert -32 < level_dbfs(pcm) < -12, level_dbfs(pcm)
     assert np.abs(pcm.astype(np.int32)).max() < 32767  # not clipped

@@ -107,6 +107,20 @@ def chosen_voices(env: Mapping[str, str] | None = None) -> list[VoiceSpec]:
     return chosen
 
 
+# The model's leading pad lasts 15-20 frames (0.4-0.5 s) of silence before speech, whose
+# onset (breath, attack) begins 3-5 frames before the pad ends: all but its last
+# LEAD_KEEP_FRAMES frames are cut, so that a segment's audio does not open with half a
+# second of silence (every segment: the first audio of an utterance comes sooner, and the
+# joins between segments have no extra pause). The trailing pause (the final punctuation's
+# and the pad's frames) is kept: it is the pause between sentences.
+LEAD_KEEP_FRAMES: Final = 8
+
+
+def leading_cut(frames: npt.NDArray[np.int64] | None) -> int:
+    """Frames of silence to cut from the start of a call's audio."""
+    return 0 if frames is None or not len(frames) else max(0, int(frames[0]) - LEAD_KEEP_FRAMES)
+
+
 @dataclass(frozen=True, eq=False)  # hashed by identity (the pack is an array)
 class KokoroVoice:
     """A resolved voice: its style pack, its speed."""
@@ -193,10 +207,12 @@ class KokoroBackend:
             for call in tokenize(self.phonemes(job.text, voice)):
                 style = voice.pack[min(len(call.ids), assets.PACK_ROWS) - 1]
                 audio, frames = self.model.run(call.ids, style, voice.speed)
+                lead = leading_cut(frames) * self.model.hop
+                audio = audio[lead:]
                 if not emit(index, to_int16(audio)):
                     break
                 if frames is not None and self.model.hop:
-                    timed += self._word_times(call.words, frames, offset_s)
+                    timed += self._word_times(call.words, frames, offset_s - lead / SAMPLE_RATE)
                 offset_s += audio.size / SAMPLE_RATE
             else:
                 if words is not None and timed:
