@@ -1,6 +1,6 @@
 // Example IVR prompts for the demo page. `voices`: the built-in voices the page picks from
 // (the first the engine has) when the selected voice does not speak the prompt's language:
-// the neural ones first (Kokoro's zh-yunxi, the Mandarin voice with the lowest measured
+// the neural ones first (Kokoro's zh-xiaoyi, the Mandarin voice with the lowest measured
 // character error rate through mu-law, docs/benchmarks.md; Kokoro's and Piper's English),
 // espeak's after them. `lang` is matched against the first subtag of a voice's `language`
 // (plus the region for Cantonese, zh-HK).
@@ -30,25 +30,25 @@ export const PROMPTS = [
   },
   {
     lang: "zh",
-    voices: ["zh-yunxi", "zh"],
+    voices: ["zh-xiaoyi", "zh"],
     label: "主菜单",
     text: "您好，欢迎致电客户服务中心。查询账户余额请按1，挂失银行卡请按2，人工服务请按0。",
   },
   {
     lang: "zh",
-    voices: ["zh-xiaoxiao", "zh-f"],
+    voices: ["zh-yunxi", "zh-f"],
     label: "等候提示",
     text: "您的来电对我们非常重要，所有座席正忙，预计等候时间约为四分钟，请耐心等待。",
   },
   {
     lang: "zh",
-    voices: ["zh-yunxi", "zh"],
+    voices: ["zh-xiaoyi", "zh"],
     label: "输入卡号",
     text: "请输入您的十六位银行卡号，并以井号键结束。",
   },
   {
     lang: "zh",
-    voices: ["zh-yunxi", "zh"],
+    voices: ["zh-xiaoyi", "zh"],
     label: "订单查询",
     text: "您的订单A12345已发货，预计12月8日送达，运费15.50元。如有疑问请拨打400-820-8820。",
   },

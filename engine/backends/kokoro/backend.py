@@ -4,8 +4,8 @@ Voices (:data:`VOICES`): each pinned voice pack of ``kokoro-js`` 1.2.1 is one vo
 ``<language>-<name>`` (``zm_yunxi`` is ``zh-yunxi``, ``af_heart`` is ``en-us-heart``,
 ``bf_emma`` is ``en-gb-emma``). ``ENGINE_KOKORO_VOICES`` chooses the packs loaded (pack
 names or voice ids, comma-separated, or ``all``); by default every pinned pack except
-``zf_xiaoni``, which measured badly (a character error rate of 0.55 where the others
-are 0.09-0.18, docs/benchmarks.md).
+``zf_xiaoni``, which measured badly (through mu-law, Whisper base: a character error rate
+of 0.58 over 5 prompts where the others measured 0.19-0.40, docs/benchmarks.md).
 
 Like Piper (:mod:`engine.backends.piper`), a batch synthesizer of one segment per call
 (``max_batch`` 1: the model takes one sequence and one style row), ``threads`` calls at
@@ -81,7 +81,9 @@ VOICES: Final = tuple(
     )
 )
 NOT_BY_DEFAULT: Final = frozenset({"zf_xiaoni"})  # measured badly (see the docstring)
-DEFAULT_MANDARIN_VOICE: Final = "zh-yunxi"  # the best CER through mu-law (docs/benchmarks.md)
+# The Mandarin voice the demo and the examples pick: the lowest character error rate through
+# mu-law (Whisper base, 12 prompts: 0.158, next zh-yunxi 0.201; docs/benchmarks.md).
+DEFAULT_MANDARIN_VOICE: Final = "zh-xiaoyi"
 
 
 def chosen_voices(env: Mapping[str, str] | None = None) -> list[VoiceSpec]:
