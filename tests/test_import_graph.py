@@ -6,8 +6,8 @@
   to a module at the root of ``gateway`` is a **back arrow** when that root module itself
   leads, import by import, back into the folder (a circle through the root). The back
   arrows that exist today are listed in :data:`ALLOWED_BACK_ARROWS`; the test fails on a
-  new one, and on a listed one that is gone (so the list only shrinks). Folders import each other without
-  circles;
+  new one, and on a listed one that is gone (so the list only shrinks). Folders import
+  each other without circles;
 - a backend is created through its table (engine/backends/table.py): no module outside a
   backend's own folder imports it, and nothing runs in a circle through
   ``engine/backends/base.py``.

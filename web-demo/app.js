@@ -830,8 +830,9 @@ function fillExamples() {
       el.text.lang = prompt.lang;
       updateCharCount();
       // Keep the chosen voice when it speaks the prompt's language.
-      if (!voiceSpeaks(selectedVoiceLanguage(), prompt.lang) && demo.voices.includes(prompt.voice)) {
-        el.voice.value = prompt.voice;
+      const voice = prompt.voices.find((id) => demo.voices.includes(id));
+      if (!voiceSpeaks(selectedVoiceLanguage(), prompt.lang) && voice) {
+        el.voice.value = voice;
         savePrefs();
       }
       el.text.focus();

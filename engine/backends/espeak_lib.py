@@ -22,6 +22,7 @@ AUDIO_OUTPUT_SYNCHRONOUS: Final = 2
 ESPEAK_INITIALIZE_DONT_EXIT: Final = 0x8000
 ESPEAK_CHARS_UTF8: Final = 1
 PHONEMES_IPA: Final = 0x02  # espeakPHONEMES_IPA: phoneme names in IPA (UTF-8)
+PHONEMES_TIE: Final = 0x80  # espeakPHONEMES_TIE: bits 8-23 are a tie, not a separator
 EE_OK: Final = 0
 BUFFER_MS: Final = 200
 CLAUSE_PUNCTUATION: Final = frozenset(".,?!;:")
@@ -73,8 +74,10 @@ class EspeakLibrary:
         #: Whatever the last user set as the current voice (its own key); None: unknown.
         self.current: object = None
 
-    def phonemes(self, text: str, voice_name: str) -> list[tuple[str, str]]:
+    def phonemes(self, text: str, voice_name: str, tie: str = "") -> list[tuple[str, str]]:
         """``text`` as IPA phonemes, clause by clause: ``(phonemes, punctuation)``.
+        ``tie``: a character joining the letters of one multi-letter phoneme ("^":
+        ``a^ɪ`` for the diphthong), as Kokoro's phoneme mapping wants; "" for none.
 
         espeak_TextToPhonemes returns one clause per call and drops the punctuation that
         ended it; the punctuation is recovered from the text the call consumed (the last
@@ -86,6 +89,7 @@ class EspeakLibrary:
         start = ctypes.addressof(buffer)
         pointer = ctypes.c_void_p(start)
         clauses: list[tuple[str, str]] = []
+        mode = PHONEMES_IPA | (PHONEMES_TIE | ord(tie) << 8 if tie else 0)
         with self.lock:
             key = ("phonemes", voice_name)
             if self.current != key:
@@ -95,9 +99,7 @@ class EspeakLibrary:
                 self.current = key
             while pointer.value:
                 before = pointer.value - start
-                ipa = self.lib.espeak_TextToPhonemes(
-                    ctypes.byref(pointer), ESPEAK_CHARS_UTF8, PHONEMES_IPA
-                )
+                ipa = self.lib.espeak_TextToPhonemes(ctypes.byref(pointer), ESPEAK_CHARS_UTF8, mode)
                 after = pointer.value - start if pointer.value else len(raw)
                 consumed = raw[before:after].decode("utf-8", "ignore")
                 marks = [ch for ch in consumed if ch in CLAUSE_PUNCTUATION]

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # no import at run time: base.py re-exports this module's fun
 BACKENDS: Final[Mapping[str, str]] = {
     "cosyvoice2": "engine.backends.cosyvoice2:create",
     "espeak": "engine.backends.espeak:EspeakBackend",
+    "kokoro": "engine.backends.kokoro:create",
     "piper": "engine.backends.piper:create",
     "synthetic": "engine.backends.synthetic:SyntheticBackend",
 }

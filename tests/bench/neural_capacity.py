@@ -57,12 +57,13 @@ def measure(
     batch: int,
     seconds: float,
     longer: bool = True,
+    texts: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Run ``workers`` threads synthesizing batches of ``batch`` for ``seconds`` (of the
-    load generator's prompts only when not ``longer``)."""
+    load generator's prompts only when not ``longer``; of ``texts``, segments, if given)."""
     voice = backend.resolve_voice(VoiceSettings(voice_id))
     rate = backend.voice_sample_rate(voice)
-    texts = segments(longer=longer)
+    texts = list(texts) if texts is not None else segments(longer=longer)
     samples = [0] * workers
     calls = [0] * workers
     stop_at = time.monotonic() + seconds

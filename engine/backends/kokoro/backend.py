@@ -1,0 +1,250 @@
+"""The ``kokoro`` backend: Kokoro-82M voices, Mandarin and English, on the CPU.
+
+Voices (:data:`VOICES`): each pinned voice pack of ``kokoro-js`` 1.2.1 is one voice, id
+``<language>-<name>`` (``zm_yunxi`` is ``zh-yunxi``, ``af_heart`` is ``en-us-heart``,
+``bf_emma`` is ``en-gb-emma``). ``ENGINE_KOKORO_VOICES`` chooses the packs loaded (pack
+names or voice ids, comma-separated, or ``all``); by default every pinned pack except
+``zf_xiaoni``, which measured badly (through mu-law, Whisper base: a character error rate
+of 0.58 over 5 prompts where the others measured 0.19-0.40, docs/benchmarks.md).
+
+Like Piper (:mod:`engine.backends.piper`), a batch synthesizer of one segment per call
+(``max_batch`` 1: the model takes one sequence and one style row), ``threads`` calls at
+once on one shared session, each single-threaded (``independent_calls``: the scheduler's
+capacity admission and start deadline apply); words are timed by the model's predicted
+durations (``times_words``). Text arrives normalized (:mod:`engine.normalize`, run by
+the segment splitter); :mod:`engine.backends.kokoro.g2p` turns it into phonemes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.backends.base import (
+    BackendError,
+    BatchEmit,
+    BatchWords,
+    EmitFn,
+    SynthesisJob,
+    UnknownVoice,
+    VoiceSettings,
+    WordTiming,
+)
+from engine.backends.kokoro import assets
+from engine.backends.kokoro.g2p import MandarinG2P, Token, english
+from engine.backends.kokoro.model import SAMPLE_RATE, KokoroModel, to_int16, tokenize
+from engine.ipc.schema import Capabilities, VoiceInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VoiceSpec:
+    pack: str  # kokoro-js voice pack name
+    voice_id: str
+    language: str  # BCP 47
+    name: str
+    gender: str
+
+
+def _spec(pack: str, name: str) -> VoiceSpec:
+    prefix = {"z": ("zh", "zh-CN", "Mandarin"), "a": ("en-us", "en-US", "English, US")}.get(
+        pack[0], ("en-gb", "en-GB", "English, UK")
+    )
+    gender = "female" if pack[1] == "f" else "male"
+    short = pack.split("_", 1)[1]
+    return VoiceSpec(pack, f"{prefix[0]}-{short}", prefix[1], f"{name} ({prefix[2]})", gender)
+
+
+VOICES: Final = tuple(
+    _spec(pack, name)
+    for pack, name in (
+        ("zm_yunxi", "Yunxi"),
+        ("zm_yunxia", "Yunxia"),
+        ("zm_yunjian", "Yunjian"),
+        ("zm_yunyang", "Yunyang"),
+        ("zf_xiaoxiao", "Xiaoxiao"),
+        ("zf_xiaoyi", "Xiaoyi"),
+        ("zf_xiaobei", "Xiaobei"),
+        ("zf_xiaoni", "Xiaoni"),
+        ("af_heart", "Heart"),
+        ("af_bella", "Bella"),
+        ("am_michael", "Michael"),
+        ("bf_emma", "Emma"),
+        ("bm_george", "George"),
+    )
+)
+NOT_BY_DEFAULT: Final = frozenset({"zf_xiaoni"})  # measured badly (see the docstring)
+# The Mandarin voice the demo and the examples pick: the lowest character error rate through
+# mu-law (Whisper base, 12 prompts: 0.158, next zh-yunxi 0.201; docs/benchmarks.md).
+DEFAULT_MANDARIN_VOICE: Final = "zh-xiaoyi"
+
+
+def chosen_voices(env: Mapping[str, str] | None = None) -> list[VoiceSpec]:
+    """The voices ``ENGINE_KOKORO_VOICES`` names (pack names or voice ids, or ``all``),
+    by default every voice but those :data:`NOT_BY_DEFAULT`. Raises ValueError for a
+    name that is neither."""
+    env = os.environ if env is None else env
+    setting = (env.get("ENGINE_KOKORO_VOICES") or "").strip()
+    if not setting:
+        return [v for v in VOICES if v.pack not in NOT_BY_DEFAULT]
+    if setting == "all":
+        return list(VOICES)
+    by_name = {v.pack: v for v in VOICES} | {v.voice_id: v for v in VOICES}
+    chosen: list[VoiceSpec] = []
+    for name in (n.strip() for n in setting.split(",")):
+        if not name:
+            continue
+        if name not in by_name:
+            known = ", ".join(v.voice_id for v in VOICES)
+            raise ValueError(f"ENGINE_KOKORO_VOICES: unknown voice {name!r} (known: {known})")
+        if by_name[name] not in chosen:
+            chosen.append(by_name[name])
+    return chosen
+
+
+# The model's leading pad lasts 15-20 frames (0.4-0.5 s) of silence before speech, whose
+# onset (breath, attack) begins 3-5 frames before the pad ends: all but its last
+# LEAD_KEEP_FRAMES frames are cut, so that a segment's audio does not open with half a
+# second of silence (every segment: the first audio of an utterance comes sooner, and the
+# joins between segments have no extra pause). The trailing pause (the final punctuation's
+# and the pad's frames) is kept: it is the pause between sentences.
+LEAD_KEEP_FRAMES: Final = 8
+
+
+def leading_cut(frames: npt.NDArray[np.int64] | None) -> int:
+    """Frames of silence to cut from the start of a call's audio."""
+    return 0 if frames is None or not len(frames) else max(0, int(frames[0]) - LEAD_KEEP_FRAMES)
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity (the pack is an array)
+class KokoroVoice:
+    """A resolved voice: its style pack, its speed."""
+
+    spec: VoiceSpec
+    pack: npt.NDArray[np.float32]
+    speed: float
+
+
+class KokoroBackend:
+    """Kokoro voices: ``threads`` calls at once, one segment each."""
+
+    name = "kokoro"
+    # One ONNX Runtime run per worker thread, one core each (the capacity replay applies);
+    # synthesize_batch reports words from the duration predictor.
+    capabilities = Capabilities(independent_calls=True, batch=True, word_timings=True)
+    max_text_chars = 5000
+    native_sample_rate = SAMPLE_RATE
+    max_batch = 1
+
+    def __init__(
+        self,
+        *,
+        threads: int = 1,
+        voices: Sequence[VoiceSpec] | None = None,
+        directory: os.PathLike[str] | str | None = None,
+    ) -> None:
+        from pathlib import Path
+
+        base = assets.asset_dir() if directory is None else Path(directory)
+        specs = chosen_voices() if voices is None else list(voices)
+        if not specs:
+            raise RuntimeError("ENGINE_KOKORO_VOICES names no voice")
+        self.threads = max(1, threads)
+        self._packs = {s.voice_id: assets.load_pack(s.pack, base / "voices") for s in specs}
+        self._specs = {s.voice_id: s for s in specs}
+        self.model = KokoroModel(assets.model_bytes(base))
+        self.version = f"kokoro/{assets.MODEL_SHA256[:12]}/" + ",".join(s.pack for s in specs)
+        self._mandarin = MandarinG2P()
+        if any(s.language.startswith("zh") for s in specs):
+            self._mandarin.load()  # about 1 s (jieba): not on a caller's first audio
+        log.info("kokoro: %d voices, hop %d", len(specs), self.model.hop)
+
+    def voices(self) -> Sequence[VoiceInfo]:
+        return [
+            VoiceInfo(id=s.voice_id, language=s.language, name=s.name, backend=self.name,
+                      gender=s.gender)
+            for s in self._specs.values()
+        ]  # fmt: skip
+
+    def resolve_voice(self, settings: VoiceSettings) -> KokoroVoice:
+        spec = self._specs.get(settings.voice_id)
+        if spec is None:
+            raise UnknownVoice(settings.voice_id)
+        if settings.profile is not None:
+            raise BackendError("voice_cloning_unsupported", "Kokoro voices cannot be cloned")
+        if not 0.25 <= settings.speed <= 4.0:
+            raise BackendError("invalid_speed", "speed must be between 0.25 and 4.0")
+        return KokoroVoice(spec, self._packs[spec.voice_id], settings.speed)
+
+    def voice_sample_rate(self, voice: object) -> int:
+        return SAMPLE_RATE
+
+    def batch_key(self, voice: object) -> object:
+        assert isinstance(voice, KokoroVoice)
+        return voice.spec.voice_id
+
+    def phonemes(self, text: str, voice: KokoroVoice) -> list[Token]:
+        if voice.spec.language.startswith("zh"):
+            return self._mandarin(text)
+        return english(text, british=voice.spec.language == "en-GB")
+
+    def synthesize_batch(
+        self, jobs: Sequence[SynthesisJob], emit: BatchEmit, words: BatchWords | None = None
+    ) -> None:
+        """Each job in turn (``max_batch`` is 1), its audio emitted per model call (one
+        per 508 phoneme ids), then its words timed by the predicted durations."""
+        for index, job in enumerate(jobs):
+            voice = job.voice
+            assert isinstance(voice, KokoroVoice)
+            if len(job.text) > self.max_text_chars:
+                raise BackendError("text_too_long", f"segment over {self.max_text_chars} chars")
+            timed: list[WordTiming] = []
+            offset_s = 0.0
+            for call in tokenize(self.phonemes(job.text, voice)):
+                style = voice.pack[min(len(call.ids), assets.PACK_ROWS) - 1]
+                audio, frames = self.model.run(call.ids, style, voice.speed)
+                lead = leading_cut(frames) * self.model.hop
+                audio = audio[lead:]
+                if not emit(index, to_int16(audio)):
+                    break
+                if frames is not None and self.model.hop:
+                    timed += self._word_times(call.words, frames, offset_s - lead / SAMPLE_RATE)
+                offset_s += audio.size / SAMPLE_RATE
+            else:
+                if words is not None and timed:
+                    words(index, timed)
+
+    def _word_times(
+        self, spans: Sequence[tuple[str, int, int]], frames: npt.NDArray[np.int64], at: float
+    ) -> list[WordTiming]:
+        """Words timed from the frames of each id (``frames[0]``: the leading pad)."""
+        seconds = np.concatenate([[0], np.cumsum(frames)]) * (self.model.hop / SAMPLE_RATE)
+        return [
+            WordTiming(word, at + float(seconds[first + 1]), at + float(seconds[last + 2]))
+            for word, first, last in spans
+        ]
+
+    def synthesize(self, text: str, voice: object, emit: EmitFn) -> None:
+        """One segment (the per-segment form, for tools and tests)."""
+        self.synthesize_batch([SynthesisJob(text, voice, leading=True)], lambda _i, c: emit(c))
+
+    def close(self) -> None:
+        self._packs.clear()
+
+
+def installed(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the backend can start here: misaki, the model parts and the voice packs
+    are installed (their hashes are checked when it starts)."""
+    import importlib.util
+
+    needed = ("onnxruntime", "onnx", "misaki", *assets.MODEL_PARTS)
+    return all(importlib.util.find_spec(n) is not None for n in needed) and (
+        assets.packs_installed(env)
+    )
