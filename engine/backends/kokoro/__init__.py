@@ -19,3 +19,11 @@ def create() -> KokoroBackend:
 
     settings = EngineSettings.from_env(os.environ)
     return KokoroBackend(threads=settings.workers)
+
+
+def installed() -> bool:
+    """Whether the backend can start here (its model parts, misaki and voice packs are
+    installed; their hashes are checked when it starts)."""
+    from engine.backends.kokoro.backend import installed as backend_installed
+
+    return backend_installed()

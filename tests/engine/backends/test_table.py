@@ -31,7 +31,7 @@ def test_every_row_names_a_factory_in_its_own_backend_module() -> None:
 
 
 def test_an_unknown_name_lists_the_known_ones() -> None:
-    with pytest.raises(KeyError, match="known: cosyvoice2, espeak, piper, "):
+    with pytest.raises(KeyError, match="known: cosyvoice2, espeak, kokoro, piper, synthetic"):
         create_backend("festival")
 
 
