@@ -180,6 +180,9 @@ class CosyVoice2Backend:
         self.front_end = FrontEnd(settings.model_dir, self.model.tokenizer, self.version)
         self.decoder = Decoder(self.model)
         self.vocoder = Vocoder(self.model)
+        # Every stream's chunk sizes (upstream's own, 25 tokens a hop, is
+        # ``HopSchedule(min_first=25, growth=(1,))``: the conformance tests use it).
+        self.hop_schedule = HopSchedule(chunk=self.vocoder.chunk)
         self._voices: dict[str, VoiceFeatures] = {BASE_VOICE: self._unprompted()}
         self._infos = [
             VoiceInfo(
@@ -289,7 +292,7 @@ class CosyVoice2Backend:
         text = self.front_end.text_tokens(job.text)
         seed = segment_seed(job.text, f"{voice.key}\x00{voice.instruct or ''}")
         state = self.decoder.start(text, features, seed, with_prompt_speech=not voice.instruct)
-        hops = HopSchedule(chunk=self.vocoder.chunk).hops(features.speech_token.shape[1])
+        hops = self.hop_schedule.hops(features.speech_token.shape[1])
         stream = _Stream(emit, features, state, hops, next(hops))
         self.vocoder.open(stream.stream_id)
         return stream

@@ -32,6 +32,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from engine.backends.cosyvoice2.model_dir import LoadedModel, SamplingParams
@@ -39,7 +41,7 @@ from engine.backends.cosyvoice2.voice import VoiceFeatures
 
 MIN_TOKEN_TEXT_RATIO: Final = 2.0  # upstream's min_token_text_ratio
 MAX_TOKEN_TEXT_RATIO: Final = 20.0  # upstream's max_token_text_ratio
-MAX_EOS_RETRIES: Final = 100  # upstream's max_trials when EOS is not allowed yet
+MAX_EOS_DRAWS: Final = 101  # upstream's sampling_ids: a first draw and max_trials (100) more
 ENDOFPROMPT: Final = "<|endofprompt|>"
 
 
@@ -94,18 +96,33 @@ def segment_seed(text: str, voice_key: str) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
+def nucleus_size(sorted_probs: npt.NDArray[np.float32], top_p: float, top_k: int) -> int:
+    """How many of the most probable tokens upstream's ``nucleus_sampling`` keeps, in its
+    arithmetic: a float32 running sum, a token kept while the sum before it is below
+    ``top_p`` and fewer than ``top_k`` are kept (a cumulative sum computed another way
+    can round differently at the threshold, and pick from another set)."""
+    total = np.float32(0.0)
+    kept = 0
+    for prob in sorted_probs[:top_k]:
+        if not total < top_p:
+            break
+        total = np.float32(total + prob)
+        kept += 1
+    return kept
+
+
 def ras_sample(
     logp: torch.Tensor, recent: Sequence[int], params: SamplingParams, generator: torch.Generator
 ) -> int:
     """Repetition-aware sampling (upstream's ``ras_sampling``) from ``generator``: nucleus
     sampling over the top-p / top-k set; if the pick already fills ``win_size * tau_r`` of
-    the last ``win_size`` tokens, a fresh pick from the whole distribution."""
+    the last ``win_size`` tokens, a fresh pick from the whole distribution. Given the same
+    generator state, the same draws as upstream's (one ``multinomial`` sample takes the
+    same path with or without replacement)."""
     probs = logp.float().softmax(dim=0)
     sorted_probs, order = probs.sort(descending=True, stable=True)
-    before = torch.cumsum(sorted_probs, 0) - sorted_probs
-    keep = (before < params.top_p) & (torch.arange(len(sorted_probs)) < params.top_k)
-    kept = sorted_probs[keep]
-    pick = int(order[keep][torch.multinomial(kept, 1, generator=generator)].item())
+    kept = nucleus_size(sorted_probs[: params.top_k].numpy(), params.top_p, params.top_k)
+    pick = int(order[torch.multinomial(sorted_probs[:kept], 1, generator=generator)].item())
     window = list(recent[-params.win_size :])
     if window.count(pick) >= params.win_size * params.tau_r:
         pick = int(torch.multinomial(probs, 1, generator=generator).item())
@@ -227,7 +244,7 @@ class Decoder:
         llm = self.model.llm
         logp = llm.llm_decoder(hidden[None, :]).log_softmax(dim=-1)[0].cpu()
         ignore_eos = state.steps < state.min_len
-        for _ in range(MAX_EOS_RETRIES):
+        for _ in range(MAX_EOS_DRAWS):
             token = ras_sample(logp, state.tokens, self.model.sampling, state.generator)
             if not (ignore_eos and token == self.eos):
                 break

@@ -257,6 +257,24 @@ def reference_audio(
     return (0.25 * voice * envelope / 2.0).float()
 
 
+SPEAKER: Final = "tiny"
+SPEAKER_TRANSCRIPT: Final = "Thank you for calling."
+
+
+def _write_spk2info(directory: Path) -> None:
+    """``spk2info.pt`` with one speaker, as ``add_zero_shot_spk`` + ``save_spkinfo`` store
+    one (the frontend dict without its text), its features made by the backend's front
+    end from a synthetic reference (upstream's needs whisper and torchaudio)."""
+    from cosyvoice.tokenizer.tokenizer import QwenTokenizer
+
+    from engine.backends.cosyvoice2.voice import FrontEnd
+
+    front_end = FrontEnd(directory, QwenTokenizer(str(directory / "CosyVoice-BlankEN")), "")
+    pcm = (reference_audio(2.6, pitch_hz=190.0).numpy() * 32767).astype("<i2")
+    voice = front_end.prepare(pcm, SPEAKER_TRANSCRIPT)
+    torch.save({SPEAKER: voice.as_spk2info()}, directory / "spk2info.pt")
+
+
 def write_tiny_model(directory: Path) -> Path:
     """Write the tiny model directory (created) and return it."""
     return write_model(directory, TINY)
@@ -302,6 +320,7 @@ def write_model(directory: Path, d: ModelDims) -> Path:
         output_names=["embedding"],
         dynamic_axes={"input": {1: "frames"}},
     )
+    _write_spk2info(directory)
     (directory / "README.random-weights.json").write_text(
         json.dumps({"dims": d.name, "random_weights": True, "speech_tokens": d.speech_tokens})
     )
