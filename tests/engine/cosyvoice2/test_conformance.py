@@ -75,10 +75,20 @@ def decode_in_engine(
     monkeypatch: pytest.MonkeyPatch,
     *,
     join_after_steps: list[int] | None = None,
+    audio: bool = False,
 ) -> list[Decoded]:
     """Run each job through ``synthesize_batch`` (one call per job, on its own thread, as
     the scheduler does), the i-th joining once the loop has run ``join_after_steps[i]``
-    steps; returns what each stream decoded and streamed."""
+    steps; returns what each stream decoded and streamed. Without ``audio`` the vocoder
+    returns no samples (the step loop, its hops and its decode steps run as they do; the
+    tiny flow model costs seconds a chunk on a loaded CPU, and tokens do not depend on
+    it)."""
+    if not audio:
+        monkeypatch.setattr(
+            backend.vocoder,
+            "chunks_audio",
+            lambda requests: [np.zeros(0, dtype=np.int16) for _ in requests],
+        )
     opened: dict[str, Any] = {}
     real_open = backend._open
 
@@ -88,7 +98,7 @@ def decode_in_engine(
         return stream
 
     monkeypatch.setattr(backend, "_open", spy)
-    audio: dict[int, list[np.ndarray]] = {i: [] for i in range(len(jobs))}
+    pieces: dict[int, list[np.ndarray]] = {i: [np.zeros(0, np.int16)] for i in range(len(jobs))}
     errors: list[BaseException] = []
     joins = join_after_steps or [0] * len(jobs)
     start = backend._loop.steps
@@ -99,7 +109,7 @@ def decode_in_engine(
         try:
             backend.synthesize_batch(
                 [SynthesisJob(text, voice, leading=True)],
-                lambda _i, pcm: audio[index].append(pcm) or True,
+                lambda _i, pcm: pieces[index].append(pcm) or True,
             )
         except BaseException as exc:  # reported below
             errors.append(exc)
@@ -119,7 +129,7 @@ def decode_in_engine(
             voice,
             opened[text].llm.generator.initial_seed(),
             list(opened[text].llm.tokens),
-            np.concatenate(audio[i]),
+            np.concatenate(pieces[i]),
         )
         for i, (text, voice) in enumerate(jobs)
     ]
@@ -181,7 +191,9 @@ def test_the_engine_decodes_upstream_s_tokens(
     }
     (decoded,) = decode_in_engine(backend, [(text, voices[voice_name])], monkeypatch)
     expected = reference_tokens(backend, frontend, decoded)
-    assert len(decoded.tokens) >= 2 * frontend._extract_text_token(text)[0].shape[1]
+    # Upstream's minimum is 2 steps per text token; steps that draw a fill token (ids
+    # above EOS) give none, so a little fewer tokens than that.
+    assert len(decoded.tokens) >= frontend._extract_text_token(text)[0].shape[1]
     assert decoded.tokens == expected
 
 
