@@ -22,7 +22,7 @@ from engine.backends.cosyvoice2.backend import (
     CosyVoice2Settings,
     CosyVoice2Voice,
 )
-from engine.backends.cosyvoice2.streaming import HopSchedule
+from engine.backends.cosyvoice2.streaming import HopSchedule, segment_seed
 from tests.engine.cosyvoice2 import upstream_reference as ref
 from tests.engine.cosyvoice2.tiny_model import SPEAKER, reference_audio
 
@@ -35,7 +35,16 @@ LONG = (
     "Thank you for calling the billing line. Your call may be recorded for training. "
     "To hear your balance, press one. To pay a bill, press two. For anything else, stay."
 )
+# About 95 speech tokens: with the speaker's 65-token prompt, upstream's hops of 35 and
+# 25 tokens and a final chunk (two joins).
+WAVE_TEXT = "Your balance is twelve dollars and forty cents."
 UPSTREAM_HOPS = HopSchedule(min_first=25, growth=(1,))  # CosyVoice2Model.tts's schedule
+# Added to the LLM head's EOS logit of this module's backend (in memory; the engine and
+# upstream share the module): random weights make EOS one token of many, so an utterance
+# would run on for about as many tokens as the vocabulary has past its minimum length;
+# with it, it ends a few tokens after (the tests run faster, and upstream's EOS redraws
+# before the minimum length are exercised).
+EOS_BIAS = 3.0
 
 
 @dataclass
@@ -44,13 +53,23 @@ class Decoded:
     voice: CosyVoice2Voice
     seed: int
     tokens: list[int]
-    audio: np.ndarray  # int16, the stream's chunks joined
+    chunks: list[np.ndarray]  # int16, as streamed
+
+    @property
+    def audio(self) -> np.ndarray:
+        return np.concatenate([np.zeros(0, np.int16), *self.chunks])
+
+
+def pcm16(speech: np.ndarray) -> np.ndarray:
+    return np.clip(np.round(speech * 32767.0), -32768, 32767).astype(np.int16)
 
 
 @pytest.fixture(scope="module")
 def backend(tiny_model_dir: Path) -> Iterator[CosyVoice2Backend]:
-    """A backend of its own: the tests change its hop schedule."""
+    """A backend of its own: the tests change its hop schedule and its EOS logit."""
     engine = CosyVoice2Backend(CosyVoice2Settings(model_dir=tiny_model_dir, max_streams=8))
+    with torch.no_grad():
+        engine.model.llm.llm_decoder.bias[engine.model.speech_token_size] += EOS_BIAS
     yield engine
     engine.close()
 
@@ -98,7 +117,7 @@ def decode_in_engine(
         return stream
 
     monkeypatch.setattr(backend, "_open", spy)
-    pieces: dict[int, list[np.ndarray]] = {i: [np.zeros(0, np.int16)] for i in range(len(jobs))}
+    pieces: dict[int, list[np.ndarray]] = {i: [] for i in range(len(jobs))}
     errors: list[BaseException] = []
     joins = join_after_steps or [0] * len(jobs)
     start = backend._loop.steps
@@ -109,7 +128,7 @@ def decode_in_engine(
         try:
             backend.synthesize_batch(
                 [SynthesisJob(text, voice, leading=True)],
-                lambda _i, pcm: pieces[index].append(pcm) or True,
+                lambda _i, pcm: (len(pcm) == 0 or pieces[index].append(pcm)) or True,
             )
         except BaseException as exc:  # reported below
             errors.append(exc)
@@ -129,7 +148,7 @@ def decode_in_engine(
             voice,
             opened[text].llm.generator.initial_seed(),
             list(opened[text].llm.tokens),
-            np.concatenate(pieces[i]),
+            pieces[i],
         )
         for i, (text, voice) in enumerate(jobs)
     ]
@@ -226,5 +245,88 @@ def test_streams_joining_a_running_batch_decode_upstream_s_tokens(
         assert stream.tokens == reference_tokens(backend, frontend, stream), stream.text
 
 
-def pcm16(speech: np.ndarray) -> np.ndarray:
-    return np.clip(np.round(speech * 32767.0), -32768, 32767).astype(np.int16)
+HELD_BACK = 3840  # 160 ms: the vocoder's cross-fade window after each chunk join
+LSB = 2  # int16 steps: float32 rounding in the batched flow (1e-4 of upstream's mel)
+
+
+def joins(chunks: list[np.ndarray]) -> list[int]:
+    return [int(j) for j in np.cumsum([len(c) for c in chunks[:-1]])]
+
+
+def outside_windows(length: int, *join_lists: list[int]) -> np.ndarray:
+    """A mask of the samples not in the cross-fade window after any of the joins."""
+    keep = np.ones(length, dtype=bool)
+    for join in (j for js in join_lists for j in js):
+        keep[join : join + HELD_BACK] = False
+    return keep
+
+
+@pytest.fixture(scope="module")
+def speaker_input(backend: CosyVoice2Backend, frontend: Any) -> tuple[CosyVoice2Voice, Any]:
+    speaker = backend.resolve_voice(VoiceSettings(f"{BASE_VOICE}-{SPEAKER}"))
+    return speaker, ref.model_input(frontend, WAVE_TEXT, speaker.features)
+
+
+@pytest.fixture(scope="module")
+def upstream_streamed(
+    backend: CosyVoice2Backend, speaker_input: tuple[CosyVoice2Voice, Any]
+) -> Iterator[list[np.ndarray]]:
+    _speaker, inputs = speaker_input
+    seed = segment_seed(WAVE_TEXT, f"{BASE_VOICE}-{SPEAKER}\x00")
+    yield [pcm16(piece) for piece in ref.upstream_speech(backend.model, inputs, seed, stream=True)]
+
+
+def engine_streamed(
+    backend: CosyVoice2Backend, voice: CosyVoice2Voice, hops: HopSchedule
+) -> Decoded:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(backend, "hop_schedule", hops)
+        (decoded,) = decode_in_engine(backend, [(WAVE_TEXT, voice)], patch, audio=True)
+    return decoded
+
+
+def test_on_upstream_s_hops_the_engine_streams_upstream_s_waveform(
+    backend: CosyVoice2Backend,
+    speaker_input: tuple[CosyVoice2Voice, Any],
+    upstream_streamed: list[np.ndarray],
+) -> None:
+    decoded = engine_streamed(backend, speaker_input[0], UPSTREAM_HOPS)
+    assert len(decoded.chunks) >= 3  # two joins at least
+    assert [len(c) for c in decoded.chunks] == [len(c) for c in upstream_streamed]
+    difference = np.abs(decoded.audio.astype(int) - np.concatenate(upstream_streamed))
+    assert difference.max() <= LSB
+
+
+def test_the_engine_s_waveform_equals_upstream_s_unstreamed_one_outside_join_windows(
+    backend: CosyVoice2Backend, speaker_input: tuple[CosyVoice2Voice, Any]
+) -> None:
+    # tts(stream=False) runs the flow once on every token and the vocoder once: the
+    # engine's audio differs in the 160 ms after each join, where the vocoder ran on the
+    # chunk (with 8 mel frames of context) and the held-back end was cross-faded in. Its
+    # flow also runs with full attention (streaming=False) where the engine's is
+    # chunk-causal: the mels differ (up to 0.14 where their mean magnitude is 0.8, on this
+    # model), but this tiny random vocoder turns that into under 2 int16 steps, so this
+    # test cannot show it: with trained weights expect differences throughout.
+    speaker, inputs = speaker_input
+    decoded = engine_streamed(backend, speaker, UPSTREAM_HOPS)
+    (whole,) = ref.upstream_speech(backend.model, inputs, decoded.seed, stream=False)
+    audio, reference = decoded.audio.astype(int), pcm16(whole).astype(int)
+    assert len(audio) == len(reference) == len(decoded.tokens) * 960
+    keep = outside_windows(len(audio), joins(decoded.chunks))
+    assert np.abs(audio - reference)[keep].max() <= LSB
+    error = np.sqrt(np.mean((audio - reference) ** 2.0))
+    assert 20 * np.log10(np.sqrt(np.mean(reference**2.0)) / error) > 20  # dB, all samples
+
+
+def test_on_its_own_hops_the_engine_differs_from_upstream_only_at_joins(
+    backend: CosyVoice2Backend,
+    speaker_input: tuple[CosyVoice2Voice, Any],
+    upstream_streamed: list[np.ndarray],
+) -> None:
+    decoded = engine_streamed(backend, speaker_input[0], backend.hop_schedule)
+    reference = np.concatenate(upstream_streamed).astype(int)
+    audio = decoded.audio.astype(int)
+    assert len(decoded.chunks[0]) < len(upstream_streamed[0])  # its first chunk is sooner
+    assert len(audio) == len(reference)
+    keep = outside_windows(len(audio), joins(decoded.chunks), joins(upstream_streamed))
+    assert np.abs(audio - reference)[keep].max() <= LSB

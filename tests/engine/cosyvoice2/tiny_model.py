@@ -52,18 +52,11 @@ class ModelDims:
     estimator_heads: int
     hift_channels: int
     hift_resblock_kernels: tuple[int, ...]
-    # Added to the LLM head's EOS logit: random weights make EOS one token of many, so
-    # an utterance would run on for about as many tokens as the vocabulary has after its
-    # minimum length; the tiny model ends a few tokens after it (the tests run faster,
-    # and upstream's EOS redraws before the minimum length are exercised).
-    eos_bias: float = 0.0
 
 
 # Tests: small enough to run on the CPU in seconds. 256 byte symbols, <|endoftext|> and
 # the tokenizer's specials fit in the text vocabulary.
-TINY: Final = ModelDims(
-    "tiny", 64, 32, 2, 2, 1, 64, 320, 2, 64, 1, 32, 16, 1, 1, 2, 16, (3,), eos_bias=3.0
-)
+TINY: Final = ModelDims("tiny", 64, 32, 2, 2, 1, 64, 320, 2, 64, 1, 32, 16, 1, 1, 2, 16, (3,))
 # CosyVoice2-0.5B's published sizes (its cosyvoice2.yaml; the Qwen2.5-0.5B body): for the
 # capacity benchmark's cost model (random weights: the cost of the real model, not speech).
 OFFICIAL: Final = ModelDims(
@@ -309,8 +302,6 @@ def write_model(directory: Path, d: ModelDims) -> Path:
             for parameter in module.parameters():
                 if parameter.dim() > 1:
                     parameter.normal_(0.0, 0.3 / parameter.shape[1] ** 0.5)
-            if name == "llm":
-                module.llm_decoder.bias[d.speech_tokens] += d.eos_bias
         torch.save(module.state_dict(), directory / f"{name}.pt")
     feats = torch.randn(1, 128, 40)
     _export(

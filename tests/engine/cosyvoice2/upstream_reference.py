@@ -192,10 +192,12 @@ def upstream_model(model: LoadedModel) -> Any:
 
 def upstream_speech(
     model: LoadedModel, inputs: dict[str, torch.Tensor], seed: int, *, stream: bool
-) -> npt.NDArray[np.float32]:
-    """The waveform of upstream's ``CosyVoice2Model.tts`` (all its yields, joined),
-    float in [-1, 1], with zero source noise and tokens drawn from ``seed``."""
+) -> list[npt.NDArray[np.float32]]:
+    """What upstream's ``CosyVoice2Model.tts`` yields (float in [-1, 1]), with zero
+    source noise and tokens drawn from ``seed``."""
     cv2 = upstream_model(model)
     with transformers_451_masks(model), draws_on_cpu(model), seeded(seed), zero_source_noise():
-        pieces = [out["tts_speech"] for out in cv2.tts(**inputs, stream=stream)]
-    return torch.cat(pieces, dim=1).float().numpy().reshape(-1)
+        return [
+            out["tts_speech"].float().numpy().reshape(-1)
+            for out in cv2.tts(**dict(inputs), stream=stream)
+        ]
