@@ -59,6 +59,7 @@ from engine.backends.cosyvoice2.streaming import (
     StreamError,
     segment_seed,
 )
+from engine.backends.cosyvoice2.text import model_text
 from engine.backends.cosyvoice2.token2wav import ChunkRequest, Vocoder
 from engine.backends.cosyvoice2.voice import (
     FrontEnd,
@@ -69,6 +70,8 @@ from engine.backends.cosyvoice2.voice import (
 )
 from engine.ipc.env import ConfigError
 from engine.ipc.schema import MAX_INSTRUCT_CHARS, VoiceInfo
+from engine.normalize import spoken
+from engine.text import normalize
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +275,9 @@ class CosyVoice2Backend:
             raise BackendError("text_too_long", f"transcript over {MAX_TEXT_CHARS} chars")
         pcm = np.frombuffer(pcm16k, dtype="<i2")
         try:
-            return encode(self.front_end.prepare(pcm, transcript.strip()))
+            # Upstream normalizes the reference transcript as it does the text to speak.
+            prompt = model_text(spoken(normalize(transcript), LANGUAGE))
+            return encode(self.front_end.prepare(pcm, prompt))
         except VoiceFeatureError as exc:
             raise BackendError("invalid_audio", str(exc)) from exc
 
@@ -289,7 +294,7 @@ class CosyVoice2Backend:
             # hears no reference speech; the flow model keeps the voice.
             prompt = self.front_end.text_tokens(voice.instruct + ENDOFPROMPT)
             features = dataclasses.replace(features, prompt_text=prompt)
-        text = self.front_end.text_tokens(job.text)
+        text = self.front_end.text_tokens(model_text(job.text))
         seed = segment_seed(job.text, f"{voice.key}\x00{voice.instruct or ''}")
         state = self.decoder.start(text, features, seed, with_prompt_speech=not voice.instruct)
         hops = self.hop_schedule.hops(features.speech_token.shape[1])

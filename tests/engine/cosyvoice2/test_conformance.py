@@ -22,7 +22,10 @@ from engine.backends.cosyvoice2.backend import (
     CosyVoice2Settings,
     CosyVoice2Voice,
 )
-from engine.backends.cosyvoice2.streaming import HopSchedule, segment_seed
+from engine.backends.cosyvoice2.streaming import ENDOFPROMPT, HopSchedule, segment_seed
+from engine.backends.cosyvoice2.text import model_text
+from engine.normalize import spoken
+from engine.text import normalize
 from tests.engine.cosyvoice2 import upstream_reference as ref
 from tests.engine.cosyvoice2.tiny_model import SPEAKER, reference_audio
 
@@ -88,6 +91,11 @@ def cloned(backend: CosyVoice2Backend) -> CosyVoice2Voice:
     return backend.resolve_voice(VoiceSettings(BASE_VOICE, profile=blob))
 
 
+def segment_text(text: str) -> str:
+    """A text as the engine hands it to the backend: its segment rules (engine.text)."""
+    return spoken(normalize(text), "mul")
+
+
 def decode_in_engine(
     backend: CosyVoice2Backend,
     jobs: list[tuple[str, CosyVoice2Voice]],
@@ -116,22 +124,22 @@ def decode_in_engine(
         opened[job.text] = stream
         return stream
 
-    monkeypatch.setattr(backend, "_open", spy)
-    pieces: dict[int, list[np.ndarray]] = {i: [] for i in range(len(jobs))}
-    errors: list[BaseException] = []
-    joins = join_after_steps or [0] * len(jobs)
-    start = backend._loop.steps
-
     def run(index: int, text: str, voice: CosyVoice2Voice) -> None:
         while backend._loop.steps - start < joins[index]:
             threading.Event().wait(0.0005)
         try:
             backend.synthesize_batch(
-                [SynthesisJob(text, voice, leading=True)],
+                [SynthesisJob(segment_text(text), voice, leading=True)],
                 lambda _i, pcm: (len(pcm) == 0 or pieces[index].append(pcm)) or True,
             )
         except BaseException as exc:  # reported below
             errors.append(exc)
+
+    monkeypatch.setattr(backend, "_open", spy)
+    pieces: dict[int, list[np.ndarray]] = {i: [] for i in range(len(jobs))}
+    errors: list[BaseException] = []
+    joins = join_after_steps or [0] * len(jobs)
+    start = backend._loop.steps
 
     threads = [
         threading.Thread(target=run, args=(i, text, voice)) for i, (text, voice) in enumerate(jobs)
@@ -146,8 +154,8 @@ def decode_in_engine(
         Decoded(
             text,
             voice,
-            opened[text].llm.generator.initial_seed(),
-            list(opened[text].llm.tokens),
+            opened[segment_text(text)].llm.generator.initial_seed(),
+            list(opened[segment_text(text)].llm.tokens),
             pieces[i],
         )
         for i, (text, voice) in enumerate(jobs)
@@ -272,7 +280,7 @@ def upstream_streamed(
     backend: CosyVoice2Backend, speaker_input: tuple[CosyVoice2Voice, Any]
 ) -> Iterator[list[np.ndarray]]:
     _speaker, inputs = speaker_input
-    seed = segment_seed(WAVE_TEXT, f"{BASE_VOICE}-{SPEAKER}\x00")
+    seed = segment_seed(segment_text(WAVE_TEXT), f"{BASE_VOICE}-{SPEAKER}\x00")
     yield [pcm16(piece) for piece in ref.upstream_speech(backend.model, inputs, seed, stream=True)]
 
 
@@ -330,3 +338,39 @@ def test_on_its_own_hops_the_engine_differs_from_upstream_only_at_joins(
     assert len(audio) == len(reference)
     keep = outside_windows(len(audio), joins(decoded.chunks), joins(upstream_streamed))
     assert np.abs(audio - reference)[keep].max() <= LSB
+
+
+IVR_SENTENCES = [
+    "Thank you for calling. Your call is important to us.",
+    "Your balance is $1,234.56, due on March 3rd, 2027.",
+    "Press 1 for billing, 2 for support - or stay on the line.",
+    "您好，欢迎致电客户服务中心。",
+    "您的余额为12.50元，请于3月5日前缴费，",
+    "请输入您的PIN码（4位数字），然后按#号键。",
+    "中文 and English mixed: 按 0 转人工.",
+]
+
+
+@pytest.mark.parametrize("sentence", IVR_SENTENCES)
+def test_ivr_sentences_tokenize_as_upstream_s_frontend_does(
+    backend: CosyVoice2Backend, frontend: Any, sentence: str
+) -> None:
+    # The engine's path: its text rules on the segment (engine.text), then the backend.
+    ours = backend.front_end.text_tokens(model_text(segment_text(sentence)))
+    assert ours[0].tolist() == ref.upstream_text_tokens(frontend, sentence)
+
+
+def test_the_tokenizer_directory_is_the_official_layout(backend: CosyVoice2Backend) -> None:
+    blank_en = backend.model.directory / "CosyVoice-BlankEN"
+    names = {p.name for p in blank_en.iterdir()}
+    assert {"vocab.json", "merges.txt", "tokenizer_config.json", "config.json"} <= names
+    assert "tokenizer.json" not in names  # as shipped: built from vocab and merges
+    tokenizer = backend.model.tokenizer.tokenizer
+    assert type(tokenizer).__name__ == "Qwen2Tokenizer"
+    # CosyVoice's special tokens are single tokens, after Qwen's own.
+    endofprompt = backend.front_end.text_tokens(ENDOFPROMPT)[0].tolist()
+    assert len(endofprompt) == 1
+    assert endofprompt[0] > tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert backend.front_end.text_tokens("[laughter]")[0].tolist() == [
+        tokenizer.convert_tokens_to_ids("[laughter]")
+    ]

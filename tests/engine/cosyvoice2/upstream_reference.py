@@ -129,7 +129,7 @@ def upstream_frontend(model: LoadedModel) -> Any:
     from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
 
     directory = model.directory
-    return CosyVoiceFrontEnd(
+    frontend = CosyVoiceFrontEnd(
         functools.partial(
             get_qwen_tokenizer,
             token_path=str(directory / "CosyVoice-BlankEN"),
@@ -141,6 +141,40 @@ def upstream_frontend(model: LoadedModel) -> Any:
         str(directory / "spk2info.pt"),
         "all",
     )
+    return with_engine_rules(frontend)
+
+
+class _EngineRules:
+    """A text-normalization model for upstream's frontend: the engine's rules in place
+    of WeText (which this packaging's frontend does not even construct)."""
+
+    def __init__(self, language: str) -> None:
+        self.language = language
+
+    def normalize(self, text: str) -> str:
+        from engine.normalize import spoken
+        from engine.text import normalize
+
+        return spoken(normalize(text), self.language)
+
+
+def with_engine_rules(frontend: Any) -> Any:
+    """Upstream's frontend, its ``text_normalize`` running with the engine's rules as its
+    text-normalization models (``use_ttsfrd`` off: upstream's WeText branch), and a
+    number speller that refuses use (the rules leave no digits to spell)."""
+    frontend.use_ttsfrd = False
+    frontend.zh_tn_model = _EngineRules("zh")
+    frontend.en_tn_model = _EngineRules("en")
+    frontend.inflect_parser = upstream._Unavailable("inflect.engine()")
+    return frontend
+
+
+def upstream_text_tokens(frontend: Any, text: str) -> list[int]:
+    """Upstream's token ids for ``text``: ``text_normalize(split=False)``, then its
+    ``_extract_text_token``."""
+    normalized = frontend.text_normalize(text, split=False, text_frontend=True)
+    tokens, _ = frontend._extract_text_token(normalized)
+    return [int(t) for t in tokens[0]]
 
 
 def model_input(
@@ -153,6 +187,7 @@ def model_input(
     it: its branch for a stored speaker keeps the stored transcript instead (a known
     upstream quirk), which is not what instruct2 means."""
     frontend.spk2info["voice"] = {k: v.clone() for k, v in voice.as_spk2info().items()}
+    text = frontend.text_normalize(text, split=False, text_frontend=True)
     inputs = dict(frontend.frontend_zero_shot(text, "", None, 24000, "voice"))
     if instruct is not None:
         prompt, prompt_len = frontend._extract_text_token(instruct + ENDOFPROMPT)
