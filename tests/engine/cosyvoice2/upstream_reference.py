@@ -196,7 +196,13 @@ def model_input(
     return inputs
 
 
-def upstream_tokens(model: LoadedModel, inputs: dict[str, torch.Tensor], seed: int) -> list[int]:
+def upstream_tokens(
+    model: LoadedModel,
+    inputs: dict[str, torch.Tensor],
+    seed: int,
+    *,
+    max_token_text_ratio: float = 20.0,
+) -> list[int]:
     """The speech tokens of upstream's ``Qwen2LM.inference`` for ``inputs``, drawing
     from a generator seeded with ``seed``."""
     device = model.device
@@ -212,6 +218,7 @@ def upstream_tokens(model: LoadedModel, inputs: dict[str, torch.Tensor], seed: i
                 prompt_speech_token=speech.to(device),
                 prompt_speech_token_len=_int32(speech.shape[1]).to(device),
                 embedding=inputs["llm_embedding"].to(device),
+                max_token_text_ratio=max_token_text_ratio,
             )
         ]
 
@@ -225,12 +232,31 @@ def upstream_model(model: LoadedModel) -> Any:
     return cv2
 
 
+class _Capped:
+    """The LLM with upstream's ``max_token_text_ratio`` set (``tts`` passes none)."""
+
+    def __init__(self, llm: Any, ratio: float) -> None:
+        self._llm, self._ratio = llm, ratio
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llm, name)
+
+    def inference(self, **kwargs: Any) -> Any:
+        return self._llm.inference(**kwargs, max_token_text_ratio=self._ratio)
+
+
 def upstream_speech(
-    model: LoadedModel, inputs: dict[str, torch.Tensor], seed: int, *, stream: bool
+    model: LoadedModel,
+    inputs: dict[str, torch.Tensor],
+    seed: int,
+    *,
+    stream: bool,
+    max_ratio: float = 20.0,
 ) -> list[npt.NDArray[np.float32]]:
     """What upstream's ``CosyVoice2Model.tts`` yields (float in [-1, 1]), with zero
     source noise and tokens drawn from ``seed``."""
     cv2 = upstream_model(model)
+    cv2.llm = _Capped(model.llm, max_ratio)
     with transformers_451_masks(model), draws_on_cpu(model), seeded(seed), zero_source_noise():
         return [
             out["tts_speech"].float().numpy().reshape(-1)
