@@ -89,7 +89,7 @@ def run_engine(backend: CosyVoice2Backend, runs: list[Run], *, audio: bool) -> N
 
     backend._open = spy  # type: ignore[method-assign]
     if not audio:  # tokens do not depend on the audio; the loop runs as it does
-        backend.vocoder.chunks_audio = lambda rs: [np.zeros(0, np.int16) for _ in rs]  # type: ignore[method-assign]
+        backend.vocoder.chunks_audio = no_audio  # type: ignore[method-assign]
     start = backend._loop.steps
     errors: list[BaseException] = []
 
@@ -99,7 +99,7 @@ def run_engine(backend: CosyVoice2Backend, runs: list[Run], *, audio: bool) -> N
         try:
             backend.synthesize_batch(
                 [SynthesisJob(segment(run.text), run.voice, leading=True)],
-                lambda _i, pcm: (len(pcm) == 0 or run.chunks.append(pcm)) or True,
+                lambda _i, pcm: keep(run.chunks, pcm),
             )
         except BaseException as exc:
             errors.append(exc)
@@ -120,6 +120,16 @@ def run_engine(backend: CosyVoice2Backend, runs: list[Run], *, audio: bool) -> N
     for run in runs:
         state = opened[segment(run.text)].llm
         run.seed, run.tokens = state.generator.initial_seed(), list(state.tokens)
+
+
+def no_audio(requests: Any) -> list[np.ndarray]:
+    return [np.zeros(0, np.int16) for _ in requests]
+
+
+def keep(chunks: list[np.ndarray], pcm: np.ndarray) -> bool:
+    if len(pcm):  # an empty one asks whether the stream is still wanted
+        chunks.append(pcm)
+    return True
 
 
 def segment(text: str) -> str:

@@ -369,5 +369,5 @@ class CosyVoice2Backend:
         """A cancelled stream: stop decoding it and free its caches now."""
         stream.finished = True
         stream.llm.done = True
-        stream.llm.cache = None
+        self.decoder.release(stream.llm)
         self.vocoder.close(stream.stream_id)

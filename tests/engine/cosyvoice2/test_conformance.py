@@ -91,6 +91,13 @@ def cloned(backend: CosyVoice2Backend) -> CosyVoice2Voice:
     return backend.resolve_voice(VoiceSettings(BASE_VOICE, profile=blob))
 
 
+def keep(chunks: list[np.ndarray], pcm: np.ndarray) -> bool:
+    """An emit: keeps audio (an empty one asks whether the stream is still wanted)."""
+    if len(pcm):
+        chunks.append(pcm)
+    return True
+
+
 def segment_text(text: str) -> str:
     """A text as the engine hands it to the backend: its segment rules (engine.text)."""
     return spoken(normalize(text), "mul")
@@ -125,12 +132,12 @@ def decode_in_engine(
         return stream
 
     def run(index: int, text: str, voice: CosyVoice2Voice) -> None:
-        while backend._loop.steps - start < joins[index]:
+        while backend._loop.steps - start < join_at[index]:
             threading.Event().wait(0.0005)
         try:
             backend.synthesize_batch(
                 [SynthesisJob(segment_text(text), voice, leading=True)],
-                lambda _i, pcm: (len(pcm) == 0 or pieces[index].append(pcm)) or True,
+                lambda _i, pcm: keep(pieces[index], pcm),
             )
         except BaseException as exc:  # reported below
             errors.append(exc)
@@ -138,7 +145,7 @@ def decode_in_engine(
     monkeypatch.setattr(backend, "_open", spy)
     pieces: dict[int, list[np.ndarray]] = {i: [] for i in range(len(jobs))}
     errors: list[BaseException] = []
-    joins = join_after_steps or [0] * len(jobs)
+    join_at = join_after_steps or [0] * len(jobs)
     start = backend._loop.steps
 
     threads = [

@@ -110,12 +110,12 @@ def seeded(seed: int) -> Iterator[None]:
 def zero_source_noise() -> Iterator[None]:
     """HiFT's sine source with zero initial phases and zero noise (module docstring)."""
     rand, randn_like = torch.rand, torch.randn_like
-    torch.rand = lambda *a, **k: torch.zeros(*a, **k)  # type: ignore[assignment]
+    torch.rand = lambda *a, **k: torch.zeros(*a, **k)
     torch.randn_like = lambda x, **k: torch.zeros_like(x, **k)  # type: ignore[assignment]
     try:
         yield
     finally:
-        torch.rand, torch.randn_like = rand, randn_like  # type: ignore[assignment]
+        torch.rand, torch.randn_like = rand, randn_like
 
 
 def upstream_frontend(model: LoadedModel) -> Any:
