@@ -3,7 +3,8 @@ local directory, streamed chunk by chunk, many streams batched per LLM step.
 
 Settings: ``COSYVOICE2_MODEL_DIR`` (required), ``ENGINE_DEVICE`` (``cpu``, ``cuda``,
 ``cuda:N``), ``COSYVOICE2_DTYPE`` (``float32``, ``float16``, ``bfloat16`` for the flow
-model; default float16 on a GPU, float32 on the CPU), ``ENGINE_MAX_BATCH`` (the streams
+model; default float16 on a GPU, float32 on the CPU), ``COSYVOICE2_LLM_DTYPE`` (the
+LLM's, default float32), ``ENGINE_MAX_BATCH`` (the streams
 one decode step advances, default 16 here). ``ENGINE_WORKERS`` does not apply: torch
 runs each step on its own threads (CPU) or the device.
 
@@ -94,6 +95,7 @@ class CosyVoice2Settings:
     device: str = "cpu"
     dtype: str = ""
     max_streams: int = DEFAULT_MAX_STREAMS
+    llm_dtype: str = "float32"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> CosyVoice2Settings:
@@ -111,6 +113,7 @@ class CosyVoice2Settings:
             device=engine.device,
             dtype=env.get("COSYVOICE2_DTYPE", ""),
             max_streams=max_streams,
+            llm_dtype=env.get("COSYVOICE2_LLM_DTYPE", "float32") or "float32",
         )
 
     def torch_device(self) -> torch.device:
@@ -128,6 +131,16 @@ class CosyVoice2Settings:
         if device.type == "cpu" and name != "float32":
             raise ConfigError("COSYVOICE2_DTYPE other than float32 needs a CUDA device")
         return DTYPES[name]
+
+    def torch_llm_dtype(self) -> torch.dtype:
+        """The LLM's precision (``COSYVOICE2_LLM_DTYPE``): float32 by default, as
+        upstream runs it and as the conformance with upstream is shown; bfloat16 on a GPU
+        halves its weights and KV cache (sampling stays float32)."""
+        if self.llm_dtype not in DTYPES:
+            raise ConfigError(
+                f"COSYVOICE2_LLM_DTYPE must be one of {', '.join(DTYPES)}, not {self.llm_dtype!r}"
+            )
+        return DTYPES[self.llm_dtype]
 
 
 @dataclass(frozen=True)
@@ -170,7 +183,12 @@ class CosyVoice2Backend:
     def __init__(self, settings: CosyVoice2Settings) -> None:
         upstream.require()
         device = settings.torch_device()
-        self.model = model_dir.load(settings.model_dir, device, settings.torch_dtype(device))
+        self.model = model_dir.load(
+            settings.model_dir,
+            device,
+            settings.torch_dtype(device),
+            llm_dtype=settings.torch_llm_dtype(),
+        )
         self.version = self.model.version
         self.on_gpu = device.type == "cuda"
         self.native_sample_rate = self.model.sample_rate
