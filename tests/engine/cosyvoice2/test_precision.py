@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,7 +25,12 @@ def test_the_llm_runs_in_bfloat16_when_asked(tiny_model_dir: Path) -> None:
         backend.decoder.max_token_text_ratio = 3  # random weights: a short utterance
         voice = backend.resolve_voice(VoiceSettings(BASE_VOICE))
         audio: list[int] = []
-        backend.synthesize("Press one.", voice, lambda pcm: audio.append(len(pcm)) is None)
+
+        def emit(pcm: np.ndarray) -> bool:
+            audio.append(len(pcm))
+            return True
+
+        backend.synthesize("Press one.", voice, emit)
         assert sum(audio) > 0 and sum(audio) % 960 == 0
         assert backend.decoder.pool is not None
         assert backend.decoder.pool.dtype == torch.bfloat16
