@@ -13,7 +13,8 @@ amortized). Time per step then grows with the streams' tokens (attention reads t
 with a copy of every cache.
 
 :class:`SlotCache` is the ``transformers`` cache object a step passes the Qwen2 body: its
-layers return the buffer views.
+layers return the buffer views. The buffers are made in inference mode, so every method
+that changes them runs in it (a cancelled stream is released from outside a step).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class KvPool:
             for new, old in zip((*self.keys, *self.values), (*old_k, *old_v), strict=True):
                 new[:n, :, :length] = old[:n, :, :length]
 
+    @torch.inference_mode()
     def reserve(self, slots: int, capacity: int) -> None:
         """Room for ``slots`` streams of ``capacity`` positions (doubling what is short)."""
         have_slots, have_capacity = self.keys[0].shape[0], self.capacity
@@ -90,6 +92,7 @@ class KvPool:
             have_capacity *= 2
         self._allocate(have_slots, have_capacity)
 
+    @torch.inference_mode()
     def admit(self, owner: Slotted, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Give ``owner`` the next slot, holding ``layers`` (its prefill: per layer
         ``[1, kv_heads, length, head_dim]`` keys and values)."""
@@ -102,6 +105,7 @@ class KvPool:
         owner.slot, owner.length = slot, length
         self._owners.append(owner)
 
+    @torch.inference_mode()
     def release(self, owner: Slotted) -> None:
         """Free ``owner``'s slot; the last slot moves into it."""
         slot = owner.slot
@@ -129,6 +133,7 @@ class KvPool:
         self._owners[a], self._owners[b] = second, first
         first.slot, second.slot = b, a
 
+    @torch.inference_mode()
     def to_front(self, owners: Sequence[S]) -> list[S]:
         """Arrange ``owners`` (all admitted) in slots ``0..len-1``; returns them in slot
         order."""
