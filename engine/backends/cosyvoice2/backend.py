@@ -339,6 +339,8 @@ class CosyVoice2Backend:
         finally:
             for stream in streams:
                 self.vocoder.close(stream.stream_id)
+                if not stream.llm.done:  # the call failed: its cache goes at the next step
+                    self.decoder.discard(stream.llm)
 
     def _step(self, streams: Sequence[LoopStream]) -> None:
         """One step of the loop: a token for every stream still decoding, then one chunk

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import itertools
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -137,6 +138,9 @@ class Decoder:
         self.eos = model.speech_token_size
         self.max_token_text_ratio = MAX_TOKEN_TEXT_RATIO
         self.pool: KvPool | None = None  # made at the first prefill (its dtype)
+        # States given up from outside a step (a failed call's): released by the next step.
+        self._discarded: list[LlmState] = []
+        self._discard_lock = threading.Lock()
 
     def start(
         self,
@@ -195,13 +199,27 @@ class Decoder:
         return self.pool
 
     def release(self, state: LlmState) -> None:
-        """Free ``state``'s cache (it is done, or cancelled)."""
+        """Free ``state``'s cache (it is done, or cancelled); on the stepping thread."""
         if self.pool is not None:
             self.pool.release(state)
+
+    def discard(self, state: LlmState) -> None:
+        """Free ``state``'s cache at the next step: for a thread that does not step (a
+        call that failed while another thread may be stepping)."""
+        with self._discard_lock:
+            self._discarded.append(state)
+
+    def _release_discarded(self) -> None:
+        with self._discard_lock:
+            discarded, self._discarded = self._discarded, []
+        for state in discarded:
+            state.done = True
+            self.release(state)
 
     @torch.inference_mode()
     def step(self, states: Sequence[LlmState]) -> None:
         """One token for each state that is not done (see the module docstring)."""
+        self._release_discarded()
         hidden: list[tuple[LlmState, torch.Tensor]] = []
         decoding = [s for s in states if not s.done and s.slot is not None]
         for state in (s for s in states if not s.done and s.slot is None):
