@@ -126,3 +126,28 @@ bench: $(BENCH_STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache artifacts
+
+# CosyVoice2 against upstream at the official sizes on this CPU (random weights; minutes:
+# not part of `make test`, whose conformance tests run the tiny sizes).
+.PHONY: cosyvoice2-conformance gpu-wheels gpu-bench
+cosyvoice2-conformance: $(COSYVOICE2_STAMP)
+	$(PY) -m tests.bench.cosyvoice2_conformance --dims official --device cpu
+
+# CosyVoice2 on a GPU machine with PyTorch preinstalled and no network (docs/cosyvoice2.md):
+# `make gpu-wheels` where an index is reachable downloads the wheels of
+# tests/bench/cosyvoice2_gpu_wheels.txt into artifacts/gpu-wheels (not committed); copy the
+# repository with that directory to the GPU machine and run `make gpu-bench` there (its
+# python, not a venv): it installs what is missing, writes the official-size model, checks
+# the conformance on the GPU and runs the capacity benchmark (artifacts/cosyvoice2_gpu/).
+GPU_WHEELS := artifacts/gpu-wheels
+GPU_PYTHON ?= python3
+gpu-wheels:
+	$(PY) -m pip download --no-deps --only-binary=:all: --python-version 3.11 \
+	  --implementation cp --abi cp311 --abi abi3 --abi none \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 --platform any \
+	  -d $(GPU_WHEELS) -r tests/bench/cosyvoice2_gpu_wheels.txt
+	du -sh $(GPU_WHEELS)
+
+gpu-bench:
+	$(GPU_PYTHON) -m tests.bench.cosyvoice2_gpu --wheels $(GPU_WHEELS)

@@ -3,7 +3,8 @@ local directory, streamed chunk by chunk, many streams batched per LLM step.
 
 Settings: ``COSYVOICE2_MODEL_DIR`` (required), ``ENGINE_DEVICE`` (``cpu``, ``cuda``,
 ``cuda:N``), ``COSYVOICE2_DTYPE`` (``float32``, ``float16``, ``bfloat16`` for the flow
-model; default float16 on a GPU, float32 on the CPU), ``ENGINE_MAX_BATCH`` (the streams
+model; default float16 on a GPU, float32 on the CPU), ``COSYVOICE2_LLM_DTYPE`` (the
+LLM's, default float32), ``ENGINE_MAX_BATCH`` (the streams
 one decode step advances, default 16 here). ``ENGINE_WORKERS`` does not apply: torch
 runs each step on its own threads (CPU) or the device.
 
@@ -59,6 +60,7 @@ from engine.backends.cosyvoice2.streaming import (
     StreamError,
     segment_seed,
 )
+from engine.backends.cosyvoice2.text import model_text
 from engine.backends.cosyvoice2.token2wav import ChunkRequest, Vocoder
 from engine.backends.cosyvoice2.voice import (
     FrontEnd,
@@ -69,6 +71,8 @@ from engine.backends.cosyvoice2.voice import (
 )
 from engine.ipc.env import ConfigError
 from engine.ipc.schema import MAX_INSTRUCT_CHARS, Capabilities, VoiceInfo
+from engine.normalize import spoken
+from engine.text import normalize
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,7 @@ class CosyVoice2Settings:
     device: str = "cpu"
     dtype: str = ""
     max_streams: int = DEFAULT_MAX_STREAMS
+    llm_dtype: str = "float32"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> CosyVoice2Settings:
@@ -108,6 +113,7 @@ class CosyVoice2Settings:
             device=engine.device,
             dtype=env.get("COSYVOICE2_DTYPE", ""),
             max_streams=max_streams,
+            llm_dtype=env.get("COSYVOICE2_LLM_DTYPE", "float32") or "float32",
         )
 
     def torch_device(self) -> torch.device:
@@ -125,6 +131,16 @@ class CosyVoice2Settings:
         if device.type == "cpu" and name != "float32":
             raise ConfigError("COSYVOICE2_DTYPE other than float32 needs a CUDA device")
         return DTYPES[name]
+
+    def torch_llm_dtype(self) -> torch.dtype:
+        """The LLM's precision (``COSYVOICE2_LLM_DTYPE``): float32 by default, as
+        upstream runs it and as the conformance with upstream is shown; bfloat16 on a GPU
+        halves its weights and KV cache (sampling stays float32)."""
+        if self.llm_dtype not in DTYPES:
+            raise ConfigError(
+                f"COSYVOICE2_LLM_DTYPE must be one of {', '.join(DTYPES)}, not {self.llm_dtype!r}"
+            )
+        return DTYPES[self.llm_dtype]
 
 
 @dataclass(frozen=True)
@@ -166,7 +182,12 @@ class CosyVoice2Backend:
     def __init__(self, settings: CosyVoice2Settings) -> None:
         upstream.require()
         device = settings.torch_device()
-        self.model = model_dir.load(settings.model_dir, device, settings.torch_dtype(device))
+        self.model = model_dir.load(
+            settings.model_dir,
+            device,
+            settings.torch_dtype(device),
+            llm_dtype=settings.torch_llm_dtype(),
+        )
         self.version = self.model.version
         self.on_gpu = device.type == "cuda"
         # A step loop batching every stream (calls are not independent); voices cloned
@@ -184,6 +205,9 @@ class CosyVoice2Backend:
         self.front_end = FrontEnd(settings.model_dir, self.model.tokenizer, self.version)
         self.decoder = Decoder(self.model)
         self.vocoder = Vocoder(self.model)
+        # Every stream's chunk sizes (upstream's own, 25 tokens a hop, is
+        # ``HopSchedule(min_first=25, growth=(1,))``: the conformance tests use it).
+        self.hop_schedule = HopSchedule(chunk=self.vocoder.chunk)
         self._voices: dict[str, VoiceFeatures] = {BASE_VOICE: self._unprompted()}
         self._infos = [
             VoiceInfo(
@@ -273,7 +297,9 @@ class CosyVoice2Backend:
             raise BackendError("text_too_long", f"transcript over {MAX_TEXT_CHARS} chars")
         pcm = np.frombuffer(pcm16k, dtype="<i2")
         try:
-            return encode(self.front_end.prepare(pcm, transcript.strip()))
+            # Upstream normalizes the reference transcript as it does the text to speak.
+            prompt = model_text(spoken(normalize(transcript), LANGUAGE))
+            return encode(self.front_end.prepare(pcm, prompt))
         except VoiceFeatureError as exc:
             raise BackendError("invalid_audio", str(exc)) from exc
 
@@ -290,10 +316,10 @@ class CosyVoice2Backend:
             # hears no reference speech; the flow model keeps the voice.
             prompt = self.front_end.text_tokens(voice.instruct + ENDOFPROMPT)
             features = dataclasses.replace(features, prompt_text=prompt)
-        text = self.front_end.text_tokens(job.text)
+        text = self.front_end.text_tokens(model_text(job.text))
         seed = segment_seed(job.text, f"{voice.key}\x00{voice.instruct or ''}")
         state = self.decoder.start(text, features, seed, with_prompt_speech=not voice.instruct)
-        hops = HopSchedule(chunk=self.vocoder.chunk).hops(features.speech_token.shape[1])
+        hops = self.hop_schedule.hops(features.speech_token.shape[1])
         stream = _Stream(emit, features, state, hops, next(hops))
         self.vocoder.open(stream.stream_id)
         return stream
@@ -317,6 +343,8 @@ class CosyVoice2Backend:
         finally:
             for stream in streams:
                 self.vocoder.close(stream.stream_id)
+                if not stream.llm.done:  # the call failed: its cache goes at the next step
+                    self.decoder.discard(stream.llm)
 
     def _step(self, streams: Sequence[LoopStream]) -> None:
         """One step of the loop: a token for every stream still decoding, then one chunk
@@ -365,5 +393,5 @@ class CosyVoice2Backend:
         """A cancelled stream: stop decoding it and free its caches now."""
         stream.finished = True
         stream.llm.done = True
-        stream.llm.cache = None
+        self.decoder.release(stream.llm)
         self.vocoder.close(stream.stream_id)

@@ -148,8 +148,15 @@ def _load_state(module: torch.nn.Module, path: Path, device: torch.device, strip
     module.load_state_dict(state, strict=True)
 
 
-def load(directory: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """Build the modules from the yaml and load their weights (upstream classes)."""
+def load(
+    directory: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    llm_dtype: torch.dtype = torch.float32,
+) -> LoadedModel:
+    """Build the modules from the yaml and load their weights (upstream classes); the
+    flow model in ``dtype``, the LLM in ``llm_dtype``."""
     check_layout(directory)
     upstream.require()
     from cosyvoice.tokenizer.tokenizer import QwenTokenizer
@@ -172,7 +179,7 @@ def load(directory: Path, device: torch.device, dtype: torch.dtype) -> LoadedMod
         _load_state(hift, directory / "hift.pt", device, strip="generator.")
     except (RuntimeError, KeyError) as exc:
         raise ModelDirError(f"{directory}: weights do not fit {YAML_NAME}: {exc}") from exc
-    llm.to(device).eval()
+    llm.to(device=device, dtype=llm_dtype).eval()
     flow.to(device=device, dtype=dtype).eval()
     hift.to(device).eval()  # the vocoder stays float32: its source module is not fp16-safe
     speakers: dict[str, dict[str, torch.Tensor]] = {}

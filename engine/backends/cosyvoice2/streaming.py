@@ -17,10 +17,9 @@ generator (bug 4). Here every stream owns:
 
 :meth:`Decoder.step` advances every given stream by one token in one forward pass of the
 Qwen2 body: new streams are prefilled alone (their prompts differ in length), streams
-already decoding are batched, their caches left-padded to the longest with the padding
-masked and each stream's own positions passed, then split back. Copying the caches in and
-out costs O(total cache) per step: right for the CPU and for tens of streams; a paged
-cache (vLLM's) is what removes that copy at hundreds of streams on a GPU.
+already decoding are batched, their caches slots of one pre-allocated pool
+(:mod:`~engine.backends.cosyvoice2.kv_pool`: no cache is copied in or out of a step),
+padding masked and each stream's own positions passed.
 """
 
 from __future__ import annotations
@@ -28,18 +27,22 @@ from __future__ import annotations
 import hashlib
 import inspect
 import itertools
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
+from engine.backends.cosyvoice2.kv_pool import KvPool
 from engine.backends.cosyvoice2.model_dir import LoadedModel, SamplingParams
 from engine.backends.cosyvoice2.voice import VoiceFeatures
 
 MIN_TOKEN_TEXT_RATIO: Final = 2.0  # upstream's min_token_text_ratio
 MAX_TOKEN_TEXT_RATIO: Final = 20.0  # upstream's max_token_text_ratio
-MAX_EOS_RETRIES: Final = 100  # upstream's max_trials when EOS is not allowed yet
+MAX_EOS_DRAWS: Final = 101  # upstream's sampling_ids: a first draw and max_trials (100) more
 ENDOFPROMPT: Final = "<|endofprompt|>"
 
 
@@ -76,15 +79,11 @@ class LlmState:
     min_len: int
     max_len: int
     generator: torch.Generator
-    cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer: [1, kv, L, d]
+    slot: int | None = None  # its slot in the decoder's KV pool, once prefilled
+    length: int = 0  # positions in its cache
     tokens: list[int] = field(default_factory=list)
     steps: int = 0
     done: bool = False
-
-    @property
-    def length(self) -> int:
-        """Positions in the cache."""
-        return self.cache[0][0].shape[2] if self.cache else 0
 
 
 def segment_seed(text: str, voice_key: str) -> int:
@@ -94,18 +93,33 @@ def segment_seed(text: str, voice_key: str) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
+def nucleus_size(sorted_probs: npt.NDArray[np.float32], top_p: float, top_k: int) -> int:
+    """How many of the most probable tokens upstream's ``nucleus_sampling`` keeps, in its
+    arithmetic: a float32 running sum, a token kept while the sum before it is below
+    ``top_p`` and fewer than ``top_k`` are kept (a cumulative sum computed another way
+    can round differently at the threshold, and pick from another set)."""
+    total = np.float32(0.0)
+    kept = 0
+    for prob in sorted_probs[:top_k]:
+        if not total < top_p:
+            break
+        total = np.float32(total + prob)
+        kept += 1
+    return kept
+
+
 def ras_sample(
     logp: torch.Tensor, recent: Sequence[int], params: SamplingParams, generator: torch.Generator
 ) -> int:
     """Repetition-aware sampling (upstream's ``ras_sampling``) from ``generator``: nucleus
     sampling over the top-p / top-k set; if the pick already fills ``win_size * tau_r`` of
-    the last ``win_size`` tokens, a fresh pick from the whole distribution."""
+    the last ``win_size`` tokens, a fresh pick from the whole distribution. Given the same
+    generator state, the same draws as upstream's (one ``multinomial`` sample takes the
+    same path with or without replacement)."""
     probs = logp.float().softmax(dim=0)
     sorted_probs, order = probs.sort(descending=True, stable=True)
-    before = torch.cumsum(sorted_probs, 0) - sorted_probs
-    keep = (before < params.top_p) & (torch.arange(len(sorted_probs)) < params.top_k)
-    kept = sorted_probs[keep]
-    pick = int(order[keep][torch.multinomial(kept, 1, generator=generator)].item())
+    kept = nucleus_size(sorted_probs[: params.top_k].numpy(), params.top_p, params.top_k)
+    pick = int(order[torch.multinomial(sorted_probs[:kept], 1, generator=generator)].item())
     window = list(recent[-params.win_size :])
     if window.count(pick) >= params.win_size * params.tau_r:
         pick = int(torch.multinomial(probs, 1, generator=generator).item())
@@ -123,6 +137,10 @@ class Decoder:
         self._config = model.llm.llm.model.config
         self.eos = model.speech_token_size
         self.max_token_text_ratio = MAX_TOKEN_TEXT_RATIO
+        self.pool: KvPool | None = None  # made at the first prefill (its dtype)
+        # States given up from outside a step (a failed call's): released by the next step.
+        self._discarded: list[LlmState] = []
+        self._discard_lock = threading.Lock()
 
     def start(
         self,
@@ -156,32 +174,55 @@ class Decoder:
     def _forward(
         self, embeds: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
     ) -> Any:
-        from transformers import DynamicCache
+        if cache is None:
+            from transformers import DynamicCache
 
-        past = (
-            DynamicCache(ddp_cache_data=cache, config=self._config)
-            if cache
-            else DynamicCache(config=self._config)
-        )
+            cache = DynamicCache(config=self._config)
         return self._body(
             inputs_embeds=embeds,
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
-            **{self._cache_arg: past},
+            **{self._cache_arg: cache},
         )
 
-    @staticmethod
-    def _layers(output: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        cache = getattr(output, "cache", None) or output.past_key_values
-        return [(layer.keys, layer.values) for layer in cache.layers]
+    def _pool(self, keys: torch.Tensor) -> KvPool:
+        if self.pool is None:
+            config = self._config
+            self.pool = KvPool(
+                int(config.num_hidden_layers),
+                int(keys.shape[1]),
+                int(keys.shape[3]),
+                dtype=keys.dtype,
+                device=keys.device,
+            )
+        return self.pool
+
+    def release(self, state: LlmState) -> None:
+        """Free ``state``'s cache (it is done, or cancelled); on the stepping thread."""
+        if self.pool is not None:
+            self.pool.release(state)
+
+    def discard(self, state: LlmState) -> None:
+        """Free ``state``'s cache at the next step: for a thread that does not step (a
+        call that failed while another thread may be stepping)."""
+        with self._discard_lock:
+            self._discarded.append(state)
+
+    def _release_discarded(self) -> None:
+        with self._discard_lock:
+            discarded, self._discarded = self._discarded, []
+        for state in discarded:
+            state.done = True
+            self.release(state)
 
     @torch.inference_mode()
     def step(self, states: Sequence[LlmState]) -> None:
         """One token for each state that is not done (see the module docstring)."""
+        self._release_discarded()
         hidden: list[tuple[LlmState, torch.Tensor]] = []
-        decoding = [s for s in states if not s.done and s.cache is not None]
-        for state in (s for s in states if not s.done and s.cache is None):
+        decoding = [s for s in states if not s.done and s.slot is not None]
+        for state in (s for s in states if not s.done and s.slot is None):
             length = state.lm_input.shape[1]
             out = self._forward(
                 state.lm_input,
@@ -189,45 +230,39 @@ class Decoder:
                 torch.arange(length, device=state.lm_input.device)[None, :],
                 None,
             )
-            state.cache = self._layers(out)
+            layers = [(layer.keys, layer.values) for layer in self._cache_of(out).layers]
+            self._pool(layers[0][0]).admit(state, layers)
             hidden.append((state, out.last_hidden_state[0, -1]))
         if decoding:
-            hidden.extend(zip(decoding, self._decode_batch(decoding), strict=True))
+            hidden.extend(self._decode_batch(decoding))
         for state, h in hidden:
             self._sample(state, h)
+            if state.done:
+                self.release(state)
 
-    def _decode_batch(self, states: Sequence[LlmState]) -> list[torch.Tensor]:
-        longest = max(s.length for s in states)
+    @staticmethod
+    def _cache_of(output: Any) -> Any:
+        return getattr(output, "cache", None) or output.past_key_values
+
+    def _decode_batch(self, states: Sequence[LlmState]) -> list[tuple[LlmState, torch.Tensor]]:
+        """One forward pass for ``states``, their caches views of the pool's buffers."""
+        assert self.pool is not None
+        ordered = self.pool.to_front(states)
+        cache = self.pool.step_cache(ordered)
         device = states[0].lm_input.device
-        layers = len(states[0].cache or [])
-        batched: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for layer in range(layers):
-            keys, values = [], []
-            for state in states:
-                k, v = (state.cache or [])[layer]
-                pad = longest - state.length
-                keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
-                values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
-            batched.append((torch.cat(keys), torch.cat(values)))
-        mask = torch.zeros(len(states), longest + 1, dtype=torch.long, device=device)
-        for row, state in enumerate(states):
-            mask[row, longest - state.length :] = 1
-        positions = torch.tensor([[s.length] for s in states], device=device)
-        out = self._forward(torch.cat([s.lm_input for s in states]), mask, positions, batched)
-        new_layers = self._layers(out)
-        for row, state in enumerate(states):
-            keep = state.length + 1
-            state.cache = [
-                (k[row : row + 1, :, -keep:].contiguous(), v[row : row + 1, :, -keep:].contiguous())
-                for k, v in new_layers
-            ]
-        return [out.last_hidden_state[row, -1] for row in range(len(states))]
+        positions = torch.tensor([[s.length] for s in ordered], device=device)
+        embeds = torch.cat([s.lm_input for s in ordered])
+        out = self._forward(embeds, cache.attention_mask(), positions, cache)
+        for state in ordered:
+            state.length += 1
+        last = out.last_hidden_state
+        return [(state, last[row, -1]) for row, state in enumerate(ordered)]
 
     def _sample(self, state: LlmState, hidden: torch.Tensor) -> None:
         llm = self.model.llm
-        logp = llm.llm_decoder(hidden[None, :]).log_softmax(dim=-1)[0].cpu()
+        logp = llm.llm_decoder(hidden[None, :]).float().log_softmax(dim=-1)[0].cpu()
         ignore_eos = state.steps < state.min_len
-        for _ in range(MAX_EOS_RETRIES):
+        for _ in range(MAX_EOS_DRAWS):
             token = ras_sample(logp, state.tokens, self.model.sampling, state.generator)
             if not (ignore_eos and token == self.eos):
                 break

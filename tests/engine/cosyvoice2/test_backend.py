@@ -340,6 +340,8 @@ def test_a_gpu_out_of_memory_fails_the_step_s_streams_and_the_engine_goes_on(
     assert cosyvoice2._loop.active_streams() == 0
     chunks = run_batch(cosyvoice2, [SynthesisJob(TEXT, voice)])[0]  # the next batch runs
     assert chunks and sum(len(c) for c in chunks) > 0
+    # The failed streams' KV slots were given back (at the next step), none is held.
+    assert cosyvoice2.decoder.pool is not None and cosyvoice2.decoder.pool.used == 0
     assert cosyvoice2.gpu_memory() == (0, 0) and not cosyvoice2.on_gpu  # CPU: RSS counts
 
 

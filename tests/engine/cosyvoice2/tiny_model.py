@@ -11,8 +11,9 @@ classes:
   training sections the official file carries, which the loader must skip), with tiny
   widths and depths;
 - ``llm.pt``, ``flow.pt``, ``hift.pt``: state dicts of those modules, seeded;
-- ``CosyVoice-BlankEN/``: a Qwen2 configuration, its weights and a byte-level BPE
-  tokenizer (256 byte symbols, no merges);
+- ``CosyVoice-BlankEN/``: a Qwen2 configuration, its weights and the tokenizer files in
+  the official layout (``vocab.json``, ``merges.txt``, ``tokenizer_config.json`` naming
+  ``Qwen2Tokenizer``, Qwen's special tokens; 256 byte symbols and no merges);
 - ``campplus.onnx`` and ``speech_tokenizer_v2.onnx``: exported from tiny torch modules
   with the official input and output shapes ([1, frames, 80] fbank to a [1, 192]
   embedding; [1, 128, frames] log-mel and its length to [1, frames / 4] speech tokens);
@@ -213,18 +214,55 @@ class TinyCampplus(torch.nn.Module):
         return embedding
 
 
+# Qwen2's own special tokens, after the vocabulary, as in Qwen2.5-0.5B's tokenizer files
+# (CosyVoice's QwenTokenizer adds its own, <|endofprompt|> and the rest, when it loads).
+QWEN_SPECIALS: Final = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def _write_tokenizer(directory: Path) -> None:
+    """The tokenizer files in the layout CosyVoice-BlankEN ships (Qwen2.5's:
+    ``vocab.json``, ``merges.txt``, ``tokenizer_config.json`` naming ``Qwen2Tokenizer``,
+    with Qwen's pre-tokenizer and special tokens; no ``tokenizer.json``), its vocabulary
+    the 256 byte symbols and no merges, so every byte is a token."""
+    from tokenizers import pre_tokenizers
+
+    vocab = {symbol: i for i, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    (directory / "merges.txt").write_text("#version: 0.2\n")
+    added = {
+        str(len(vocab) + i): {
+            "content": token,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for i, token in enumerate(QWEN_SPECIALS)
+    }
+    config = {
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": list(QWEN_SPECIALS[1:]),
+        "bos_token": None,
+        "chat_template": None,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|endoftext|>",
+        "errors": "replace",
+        "model_max_length": 32768,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
 def _write_blank_en(directory: Path, d: ModelDims) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     directory.mkdir(parents=True)
-    byte_symbols = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {symbol: index for index, symbol in enumerate(sorted(byte_symbols))}
-    bpe = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")  # type: ignore[no-untyped-call]
-    tokenizer.save_pretrained(directory)
+    _write_tokenizer(directory)
     config = Qwen2Config(
         vocab_size=d.text_vocab,
         hidden_size=d.hidden,
@@ -255,6 +293,24 @@ def reference_audio(
     voice = sum(torch.sin(k * phase) / k for k in range(1, 12))
     envelope = 0.55 + 0.45 * torch.sin(2 * torch.pi * 4.0 * t).abs()
     return (0.25 * voice * envelope / 2.0).float()
+
+
+SPEAKER: Final = "tiny"
+SPEAKER_TRANSCRIPT: Final = "Thank you for calling."
+
+
+def _write_spk2info(directory: Path) -> None:
+    """``spk2info.pt`` with one speaker, as ``add_zero_shot_spk`` + ``save_spkinfo`` store
+    one (the frontend dict without its text), its features made by the backend's front
+    end from a synthetic reference (upstream's needs whisper and torchaudio)."""
+    from cosyvoice.tokenizer.tokenizer import QwenTokenizer
+
+    from engine.backends.cosyvoice2.voice import FrontEnd
+
+    front_end = FrontEnd(directory, QwenTokenizer(str(directory / "CosyVoice-BlankEN")), "")
+    pcm = (reference_audio(2.6, pitch_hz=190.0).numpy() * 32767).astype("<i2")
+    voice = front_end.prepare(pcm, SPEAKER_TRANSCRIPT)
+    torch.save({SPEAKER: voice.as_spk2info()}, directory / "spk2info.pt")
 
 
 def write_tiny_model(directory: Path) -> Path:
@@ -302,6 +358,7 @@ def write_model(directory: Path, d: ModelDims) -> Path:
         output_names=["embedding"],
         dynamic_axes={"input": {1: "frames"}},
     )
+    _write_spk2info(directory)
     (directory / "README.random-weights.json").write_text(
         json.dumps({"dims": d.name, "random_weights": True, "speech_tokens": d.speech_tokens})
     )
