@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import redis.asyncio as aioredis
 from aiohttp import web
@@ -15,7 +15,7 @@ from gateway.auth import TokenVerifier, redact_query
 from gateway.config import GatewaySettings
 from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
 from gateway.errors import ErrorCode
-from gateway.legs.kinds import LEG_KINDS, LegService, leg_routes
+from gateway.legs.kinds import LEG_KINDS, LegKind, LegService, leg_routes
 from gateway.metrics import exposition_registry
 from gateway.protocols import PROTOCOLS
 from gateway.relay_endpoint import RelayEndpoint
@@ -97,6 +97,7 @@ def create_app(
     verifier: TokenVerifier | None = None,
     *,
     relay: RelayEndpoint | None = None,
+    legs: Sequence[LegKind] = LEG_KINDS,
 ) -> web.Application:
     """The worker's application; ``relay`` (its own listener for relayed attaches, see
     :mod:`gateway.relay_endpoint`) makes its calls reachable from other workers."""
@@ -148,7 +149,7 @@ def create_app(
     app[STATE_KEY] = state
     services = [
         service
-        for kind in LEG_KINDS
+        for kind in legs
         if kind.service is not None
         and (service := kind.service(state, settings.leg_env)) is not None
     ]
@@ -182,7 +183,7 @@ def create_app(
             await redis_client.aclose()
 
     app.cleanup_ctx.append(lifecycle)
-    for path, handler in WEBSOCKET_ROUTES.items():
+    for path, handler in {**PROTOCOLS, **leg_routes(legs)}.items():
         app.router.add_get(path, handler)
     voices_api.add_routes(app)
     speech_api.add_routes(app)

@@ -8,7 +8,7 @@ settings from the environment and returns ``None`` when the leg is off. The appl
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -75,14 +75,14 @@ LEG_KINDS: tuple[LegKind, ...] = (
 """Every leg kind, in the order their services start."""
 
 
-def leg_routes() -> dict[str, Handler]:
+def leg_routes(kinds: Sequence[LegKind] = LEG_KINDS) -> dict[str, Handler]:
     """Every WebSocket leg's path and handler."""
-    return {path: handler for kind in LEG_KINDS for path, handler in kind.routes.items()}
+    return {path: handler for kind in kinds for path, handler in kind.routes.items()}
 
 
-def check_leg_settings(env: Mapping[str, str]) -> None:
+def check_leg_settings(env: Mapping[str, str], kinds: Sequence[LegKind] = LEG_KINDS) -> None:
     """Read every leg's settings from ``env``; raises ``ConfigError`` naming the variable."""
-    for kind in LEG_KINDS:
+    for kind in kinds:
         if kind.read_settings is not None:
             kind.read_settings(env)
 
