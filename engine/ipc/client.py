@@ -22,7 +22,9 @@ from engine.ipc.schema import (
     Cancel,
     Cancelled,
     CancelUtterance,
+    CheckPrompt,
     CloseStream,
+    ForgetVoice,
     FrameDecoder,
     FramingError,
     Hello,
@@ -31,6 +33,8 @@ from engine.ipc.schema import (
     Ping,
     Pong,
     PrepareVoice,
+    PromptRequest,
+    PromptState,
     ProtocolError,
     Speak,
     SpeechStarted,
@@ -43,6 +47,7 @@ from engine.ipc.schema import (
     UtteranceWords,
     VoicePrepared,
     VoicePrepareFailed,
+    WarmPrompt,
     Welcome,
     encode,
 )
@@ -204,6 +209,7 @@ class EngineClient(asyncio.Protocol):
         self._pongs: dict[int, asyncio.Future[Pong]] = {}
         self._opening: dict[int, asyncio.Future[StreamOpened]] = {}
         self._preparing: dict[int, asyncio.Future[VoicePrepared]] = {}
+        self._prompts: dict[int, asyncio.Future[PromptState]] = {}
         self.streams: dict[int, EngineStream] = {}
         self._ids = itertools.count(1)
         self._ping_seq = itertools.count(1)
@@ -272,6 +278,7 @@ class EngineClient(asyncio.Protocol):
             *self._pongs.values(),
             *self._opening.values(),
             *self._preparing.values(),
+            *self._prompts.values(),
         ]
         for future in futures:
             if not future.done():
@@ -280,6 +287,7 @@ class EngineClient(asyncio.Protocol):
         self._pongs.clear()
         self._opening.clear()
         self._preparing.clear()
+        self._prompts.clear()
         streams = list(self.streams.values())
         self.streams.clear()
         for stream in streams:
@@ -321,6 +329,10 @@ class EngineClient(asyncio.Protocol):
                     waiter.set_result(message)
                 else:
                     waiter.set_exception(EngineRejected(message.code, message.message))
+        elif isinstance(message, PromptState):
+            answer = self._prompts.pop(message.request_id, None)
+            if answer is not None and not answer.done():
+                answer.set_result(message)
         elif isinstance(message, ProtocolError):
             log.error("engine reports a protocol error: %s", message.message)
         else:
@@ -374,6 +386,39 @@ class EngineClient(asyncio.Protocol):
             raise EngineUnavailable("engine did not answer PrepareVoice") from None
         finally:
             self._preparing.pop(request_id, None)
+
+    async def warm_prompt(self, prompt: PromptRequest, *, timeout: float = 120.0) -> PromptState:
+        """Render ``prompt`` into the engine's speech cache (behind the calls' work).
+
+        The answer's ``code`` is "" when every segment is cached, else the reason; raises
+        :class:`EngineUnavailable` when there is no answer in ``timeout``."""
+        return await self._prompt_request(WarmPrompt, prompt, timeout, "WarmPrompt")
+
+    async def check_prompt(self, prompt: PromptRequest, *, timeout: float = 5.0) -> PromptState:
+        """Which speech-cache levels hold each segment of ``prompt`` (nothing is rendered)."""
+        return await self._prompt_request(CheckPrompt, prompt, timeout, "CheckPrompt")
+
+    def forget_voice(self, voice_digest: str) -> None:
+        """Ask the engine to drop every cached segment of a registered voice."""
+        self.send(ForgetVoice(voice_digest=voice_digest))
+
+    async def _prompt_request(
+        self,
+        kind: type[WarmPrompt] | type[CheckPrompt],
+        prompt: PromptRequest,
+        timeout: float,
+        name: str,
+    ) -> PromptState:
+        request_id = next(self._ids)
+        future: asyncio.Future[PromptState] = asyncio.get_running_loop().create_future()
+        self._prompts[request_id] = future
+        try:
+            self.send(kind(request_id=request_id, prompt=prompt))
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise EngineUnavailable(f"engine did not answer {name}") from None
+        finally:
+            self._prompts.pop(request_id, None)
 
     async def ping(self, timeout: float) -> Pong:
         seq = next(self._ping_seq)

@@ -14,6 +14,9 @@ Conversation (gateway = client, engine = server)::
     OpenStream       ->  StreamOpened | StreamRejected
     Speak            ->  (UtteranceAudio, UtteranceEnd | UtteranceFailed)
     PrepareVoice     ->  VoicePrepared | VoicePrepareFailed
+    WarmPrompt       ->  PromptState          (every segment rendered into the speech cache)
+    CheckPrompt      ->  PromptState          (which cache levels hold each segment)
+    ForgetVoice      ->  (nothing)            (a registered voice's cached speech is dropped)
     Cancel           ->  Cancelled            (no more writes to the slot after write_pos)
     CloseStream      ->  StreamClosed         (the slot is free again)
 
@@ -29,7 +32,7 @@ from typing import Final
 
 import msgspec
 
-PROTOCOL_VERSION: Final = 2  # 2: UtteranceWords, Speak.release, CancelUtterance
+PROTOCOL_VERSION: Final = 3  # 2: UtteranceWords, Speak.release, CancelUtterance; 3: speech cache
 MAX_FRAME_BYTES: Final = 4 << 20  # a 30 s reference recording (PrepareVoice) is ~1 MB
 MAX_INSTRUCT_CHARS: Final = 200  # ``instruct`` (start, speak): a style instruction
 _LENGTH = struct.Struct(">I")
@@ -112,6 +115,42 @@ class PrepareVoice(Message):
     transcript: str | None = None
 
 
+class PromptRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A prompt as a stream would speak it: what the speech cache's keys are made of on
+    the gateway's side (the engine adds the backend, the model digest and the segments)."""
+
+    voice: str
+    text: str
+    sample_rate: int
+    speed: float = 1.0
+    language: str | None = None
+    voice_profile: bytes | None = None  # a registered voice's features
+    instruct: str | None = None
+
+
+class WarmPrompt(Message):
+    """Render ``prompt`` into the speech cache, behind the calls' work (it never delays a
+    call). Answered by PromptState once every segment is cached (or with ``code``)."""
+
+    request_id: int
+    prompt: PromptRequest
+
+
+class CheckPrompt(Message):
+    """Which cache levels hold each segment of ``prompt``; synthesizes nothing.
+    Answered by PromptState."""
+
+    request_id: int
+    prompt: PromptRequest
+
+
+class ForgetVoice(Message):
+    """Drop every cached segment spoken in the registered voice whose features have this
+    digest (sha256 hex of ``voice_profile``), in every level. No answer."""
+
+    voice_digest: str
+
+
 # --- engine -> gateway -------------------------------------------------------------
 
 
@@ -159,6 +198,24 @@ class Welcome(Message):
     capabilities: dict[str, Capabilities] = msgspec.field(default_factory=dict)
 
 
+class CacheLevelStats(msgspec.Struct, kw_only=True):
+    """One level of the speech cache, as counted since the engine started."""
+
+    level: str  # "memory" (this engine) or "shared" (the host, or every instance)
+    store: str  # "memory", "directory" or "redis"
+    hits: dict[str, int] = msgspec.field(default_factory=dict)  # backend -> lookups found
+    misses: dict[str, int] = msgspec.field(default_factory=dict)  # backend -> not found
+    entries: int = 0
+    bytes: int = 0
+    evictions: int = 0  # entries dropped for the byte budget
+    errors: int = 0  # lookups or writes that failed or timed out (counted as misses)
+
+
+class SpeechCacheStats(msgspec.Struct, kw_only=True):
+    enabled: bool
+    levels: tuple[CacheLevelStats, ...] = ()
+
+
 class Pong(Message):
     seq: int
     active_streams: int
@@ -169,6 +226,7 @@ class Pong(Message):
     memory_used_bytes: int = 0  # what the admission threshold counts (GPU, else RSS)
     memory_budget_bytes: int = 0
     vad_ready: bool = False  # the caller-audio VAD model is loaded
+    speech_cache: SpeechCacheStats | None = None
 
 
 class StreamOpened(Message):
@@ -188,6 +246,9 @@ class UtteranceAudio(Message):
     stream_id: int
     utterance: int
     start_pos: int
+    # Where the first segment's audio came from: "hit" (the speech cache), "miss"
+    # (synthesized), "" (the cache is off).
+    cache: str = ""
 
 
 class WordTime(msgspec.Struct, array_like=True):
@@ -268,6 +329,24 @@ class SpeechStarted(Message):
     audio_ms: int
 
 
+class SegmentState(msgspec.Struct, array_like=True):
+    """One segment of a prompt: its normalized text and the levels holding it."""
+
+    text: str
+    levels: tuple[str, ...]  # "memory", "shared": those that hold it now
+
+
+class PromptState(Message):
+    """Answer to WarmPrompt and CheckPrompt. ``code`` is "" on success, else an error
+    code (``unknown_voice``, ``text_too_long``, ``speech_cache_off``, ``synthesis_failed``,
+    ``queue_timeout``) with ``message``."""
+
+    request_id: int
+    segments: tuple[SegmentState, ...] = ()
+    code: str = ""
+    message: str = ""
+
+
 class StreamClosed(Message):
     """The engine no longer touches the stream's slot."""
 
@@ -281,7 +360,19 @@ class ProtocolError(Message):
     message: str
 
 
-ToEngine = Hello | Ping | OpenStream | Speak | Cancel | CancelUtterance | CloseStream | PrepareVoice
+ToEngine = (
+    Hello
+    | Ping
+    | OpenStream
+    | Speak
+    | Cancel
+    | CancelUtterance
+    | CloseStream
+    | PrepareVoice
+    | WarmPrompt
+    | CheckPrompt
+    | ForgetVoice
+)
 FromEngine = (
     Welcome
     | Pong
@@ -296,6 +387,7 @@ FromEngine = (
     | SpeechStarted
     | VoicePrepared
     | VoicePrepareFailed
+    | PromptState
     | ProtocolError
 )
 

@@ -14,8 +14,11 @@ from engine.ipc.schema import (
     PROTOCOL_VERSION,
     Cancel,
     Cancelled,
+    CacheLevelStats,
     CancelUtterance,
+    CheckPrompt,
     CloseStream,
+    ForgetVoice,
     FrameDecoder,
     FramingError,
     Hello,
@@ -24,8 +27,12 @@ from engine.ipc.schema import (
     Ping,
     Pong,
     PrepareVoice,
+    PromptRequest,
+    PromptState,
     ProtocolError,
+    SegmentState,
     Speak,
+    SpeechCacheStats,
     SpeechStarted,
     StreamClosed,
     StreamOpened,
@@ -37,6 +44,7 @@ from engine.ipc.schema import (
     VoiceInfo,
     VoicePrepared,
     VoicePrepareFailed,
+    WarmPrompt,
     Welcome,
     WordTime,
     encode,
@@ -61,6 +69,22 @@ TO_ENGINE: list[Message] = [
     Cancel(stream_id=1),
     CancelUtterance(stream_id=1, utterance=7),
     CloseStream(stream_id=1),
+    WarmPrompt(
+        request_id=3, prompt=PromptRequest(voice="en-us-joe", text="Welcome.", sample_rate=8000)
+    ),
+    CheckPrompt(
+        request_id=4,
+        prompt=PromptRequest(
+            voice="zh-xiaoyi",
+            text="您好。",
+            sample_rate=16000,
+            speed=1.2,
+            language="zh-CN",
+            voice_profile=b"\x00features",
+            instruct="用四川话说",
+        ),
+    ),
+    ForgetVoice(voice_digest="ab" * 32),
 ]
 
 FROM_ENGINE: list[Message] = [
@@ -94,9 +118,23 @@ FROM_ENGINE: list[Message] = [
         voices=(),
     ),
     Pong(seq=42, active_streams=3, queued_utterances=7, rss_bytes=123_456_789),
+    Pong(
+        seq=43,
+        active_streams=0,
+        queued_utterances=0,
+        rss_bytes=1,
+        speech_cache=SpeechCacheStats(
+            enabled=True,
+            levels=(
+                CacheLevelStats(level="memory", store="memory", hits={"piper": 3}, entries=2),
+                CacheLevelStats(level="shared", store="redis", misses={"kokoro": 1}, errors=1),
+            ),
+        ),
+    ),
     StreamOpened(stream_id=1, slot=511),
     StreamRejected(stream_id=1, code="overloaded", message="all 512 engine slots are in use"),
     UtteranceAudio(stream_id=1, utterance=1, start_pos=0),
+    UtteranceAudio(stream_id=1, utterance=2, start_pos=64, cache="hit"),
     UtteranceWords(
         stream_id=1,
         utterance=1,
@@ -115,6 +153,8 @@ FROM_ENGINE: list[Message] = [
     SpeechStarted(stream_id=1, audio_ms=320),
     VoicePrepared(request_id=7, features=b'{"v":1}', backend="espeak", version="x", seconds=0.1),
     VoicePrepareFailed(request_id=7, code="invalid_audio", message="too short"),
+    PromptState(request_id=3, segments=(SegmentState("Welcome.", ("memory", "shared")),)),
+    PromptState(request_id=4, code="unknown_voice", message="no voice 'x'"),
     ProtocolError(message="Hello expected first"),
 ]
 
