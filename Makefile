@@ -117,6 +117,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.voice_cache
 	$(PY) -m tests.bench.neural
 	$(PY) -m tests.bench.kokoro --out bench-results/kokoro.json
+	$(PY) -m tests.bench.kokoro_calls --out bench-results
 	$(PY) -m tests.bench.intelligibility --out bench-results/intelligibility.json
 	$(PY) -m tests.bench.sip_calls
 	$(PY) -m tests.bench.legs

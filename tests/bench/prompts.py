@@ -33,7 +33,19 @@ PROMPTS: dict[str, tuple[str, ...]] = {
 }
 VOICES: tuple[str, ...] = tuple(PROMPTS)  # the standard (espeak) call mix
 #: Other voices speak the prompts of their language.
-SAME_LANGUAGE = {"en-us-joe": "en-us", "en-us-f": "en-us", "en-gb": "en-us", "zh-f": "zh"}
+SAME_LANGUAGE = {
+    "en-us-joe": "en-us",
+    "en-us-f": "en-us",
+    "en-gb": "en-us",
+    "zh-f": "zh",
+    **{  # the Kokoro voices
+        f"zh-{name}": "zh"
+        for name in ("xiaoyi", "xiaoxiao", "xiaobei", "xiaoni", "yunxi", "yunxia", "yunjian")
+    },
+    "zh-yunyang": "zh",
+    **{f"en-us-{name}": "en-us" for name in ("heart", "bella", "michael")},
+    **{f"en-gb-{name}": "en-us" for name in ("emma", "george")},
+}
 
 
 def pick_prompt(voice: str, rng: random.Random) -> str:
