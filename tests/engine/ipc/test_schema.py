@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from engine.ipc.schema import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
+    CacheLevelStats,
     Cancel,
     Cancelled,
-    CacheLevelStats,
     CancelUtterance,
     CheckPrompt,
     CloseStream,
