@@ -1,0 +1,72 @@
+"""The speech cache's settings (``ENGINE_SPEECH_CACHE*``; the engine inherits the
+gateway's environment, so ``GATEWAY_REDIS_URL`` reaches it too)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from engine.ipc.env import ConfigError, env_int
+from engine.speech_cache.redis_store import DEFAULT_PREFIX
+
+SHARED_CHOICES = ("auto", "redis", "directory", "off")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def default_directory() -> str:
+    return f"/var/tmp/voice-gateway-speech-cache-{os.getuid()}"
+
+
+@dataclass(frozen=True)
+class SpeechCacheSettings:
+    enabled: bool = True  # ENGINE_SPEECH_CACHE
+    memory_mb: int = 256  # ENGINE_SPEECH_CACHE_MEMORY_MB: the in-process level's budget
+    shared: str = "auto"  # ENGINE_SPEECH_CACHE_SHARED: auto, redis, directory, off
+    directory: str = ""  # ENGINE_SPEECH_CACHE_DIR ("" -> default_directory())
+    shared_mb: int = 2048  # ENGINE_SPEECH_CACHE_SHARED_MB: the directory's budget
+    ttl_s: int = 604_800  # ENGINE_SPEECH_CACHE_TTL_S: shared entries' lifetime
+    timeout_ms: int = 50  # ENGINE_SPEECH_CACHE_TIMEOUT_MS: one shared lookup
+    redis_url: str | None = None  # GATEWAY_REDIS_URL
+    redis_prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        if self.shared not in SHARED_CHOICES:
+            raise ConfigError(
+                f"ENGINE_SPEECH_CACHE_SHARED must be one of {', '.join(SHARED_CHOICES)}, "
+                f"got {self.shared!r}"
+            )
+        if self.shared == "redis" and not self.redis_url:
+            raise ConfigError("ENGINE_SPEECH_CACHE_SHARED=redis needs GATEWAY_REDIS_URL")
+
+    @property
+    def shared_store(self) -> str | None:
+        """The shared level's store: "redis", "directory" or None (no shared level)."""
+        if self.shared == "off":
+            return None
+        if self.shared == "auto":
+            return "redis" if self.redis_url else "directory"
+        return self.shared
+
+    @property
+    def cache_directory(self) -> str:
+        return self.directory or default_directory()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> SpeechCacheSettings:
+        raw = (environ.get("ENGINE_SPEECH_CACHE") or "1").strip().lower()
+        if raw not in _TRUE + _FALSE:
+            raise ConfigError(f"ENGINE_SPEECH_CACHE must be 1 or 0, got {raw!r}")
+        return cls(
+            enabled=raw in _TRUE,
+            memory_mb=env_int(environ, "ENGINE_SPEECH_CACHE_MEMORY_MB", 256, minimum=0),
+            shared=(environ.get("ENGINE_SPEECH_CACHE_SHARED") or "auto").strip().lower(),
+            directory=environ.get("ENGINE_SPEECH_CACHE_DIR") or "",
+            shared_mb=env_int(environ, "ENGINE_SPEECH_CACHE_SHARED_MB", 2048, minimum=1),
+            ttl_s=env_int(environ, "ENGINE_SPEECH_CACHE_TTL_S", 604_800, minimum=1),
+            timeout_ms=env_int(
+                environ, "ENGINE_SPEECH_CACHE_TIMEOUT_MS", 50, minimum=1, maximum=10_000
+            ),
+            redis_url=environ.get("GATEWAY_REDIS_URL") or None,
+        )
