@@ -15,10 +15,13 @@ from gateway.auth import TokenVerifier, redact_query
 from gateway.config import GatewaySettings
 from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
 from gateway.errors import ErrorCode
-from gateway.legs.kinds import LEG_KINDS, LegKind, LegService, leg_routes
+from gateway.legs.kinds import LEG_KINDS, LegKind, LegService, declared_prompts, leg_routes
 from gateway.metrics import exposition_registry
 from gateway.protocols import PROTOCOLS
 from gateway.relay_endpoint import RelayEndpoint
+from gateway.speech_cache import api as speech_cache_api
+from gateway.speech_cache.prompts import PromptLimits
+from gateway.speech_cache.service import SpeechCacheService, SpeechCacheSettings
 from gateway.state import STATE_KEY, GatewayState
 from gateway.voices import api as voices_api
 from gateway.voices.deletions import DeletionChannel
@@ -81,7 +84,10 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics_endpoint(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     state.engine.refresh_gauges()
-    body = generate_latest(exposition_registry(state.metrics.registry))
+    metrics = state.metrics
+    body = generate_latest(
+        exposition_registry(metrics.registry, (metrics.engine_speech_cache_collector,))
+    )
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -154,6 +160,25 @@ def create_app(
         and (service := kind.service(state, settings.leg_env)) is not None
     ]
     app[LEG_SERVICES_KEY] = services
+    speech_cache = SpeechCacheService(
+        SpeechCacheSettings(
+            prompts_path=settings.speech_cache_prompts,
+            limits=PromptLimits(
+                max_text_chars=settings.speech_cache_max_text_chars,
+                max_prompts=settings.speech_cache_max_prompts,
+            ),
+            warm_concurrency=settings.speech_cache_warm_concurrency,
+        ),
+        link=state.engine,
+        resolve_voice=state.resolve_voice,
+        metrics=state.metrics,
+        declared=declared_prompts(settings.leg_env, legs),
+        # The host's workers share one engine: the first warms the start-up prompts.
+        warm_at_start=relay is None or relay.worker_index == 0,
+    )
+    registry.deletion_listeners.append(
+        lambda deletion: speech_cache.forget_voice(deletion.voice_id, deletion.features_digest)
+    )
     upload_workers = UploadWorkers(settings.upload_workers)  # processes start at 1st upload
     app[voices_api.UPLOAD_WORKERS_KEY] = upload_workers
 
@@ -167,7 +192,9 @@ def create_app(
             registry.deletions.start()
         for service in services:
             await service.start()
+        await speech_cache.start()  # in the background: nothing waits for the warm-up
         yield
+        await speech_cache.stop()
         for service in reversed(services):
             await service.stop()
         await state.connections.close()
@@ -187,6 +214,7 @@ def create_app(
         app.router.add_get(path, handler)
     voices_api.add_routes(app)
     speech_api.add_routes(app)
+    speech_cache_api.add_routes(app, speech_cache)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)

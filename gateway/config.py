@@ -29,6 +29,15 @@ def _policy(value: str) -> str:
     return value
 
 
+def _prompts_path(value: str | None) -> Path | None:
+    if not value:
+        return None
+    path = Path(value)
+    if not path.is_file():
+        raise ConfigError(f"GATEWAY_SPEECH_CACHE_PROMPTS: {value!r} is not a file")
+    return path
+
+
 @dataclass(frozen=True)
 class GatewaySettings:
     auth: AuthSettings
@@ -76,6 +85,12 @@ class GatewaySettings:
     #: The environment the legs read their own settings from (``GATEWAY_SIP_*``,
     #: ``GATEWAY_AUDIOSOCKET_*``: :mod:`gateway.legs.kinds`); this module names no leg.
     leg_env: Mapping[str, str] = field(default_factory=dict)
+    # The speech cache's warm prompts (docs/speech-cache.md): a prompts file warmed at
+    # start-up, and the limits of every warm prompt (the file's and the API's).
+    speech_cache_prompts: Path | None = None  # GATEWAY_SPEECH_CACHE_PROMPTS
+    speech_cache_max_text_chars: int = 2000
+    speech_cache_max_prompts: int = 1000  # per tenant (and lines of the prompts file)
+    speech_cache_warm_concurrency: int = 2  # prompts with the engine at a time
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
@@ -129,4 +144,14 @@ class GatewaySettings:
             lease_renew_s=env_int(env, "GATEWAY_LEASE_RENEW_MS", 3000, minimum=50) / 1000,
             lease_policy=_policy(env.get("GATEWAY_LEASE_POLICY") or "fail-open"),
             leg_env=MappingProxyType(dict(env)),
+            speech_cache_prompts=_prompts_path(env.get("GATEWAY_SPEECH_CACHE_PROMPTS")),
+            speech_cache_max_text_chars=env_int(
+                env, "GATEWAY_SPEECH_CACHE_MAX_TEXT_CHARS", 2000, minimum=1, maximum=100_000
+            ),
+            speech_cache_max_prompts=env_int(
+                env, "GATEWAY_SPEECH_CACHE_MAX_PROMPTS", 1000, minimum=1, maximum=100_000
+            ),
+            speech_cache_warm_concurrency=env_int(
+                env, "GATEWAY_SPEECH_CACHE_WARM_CONCURRENCY", 2, minimum=1, maximum=64
+            ),
         )

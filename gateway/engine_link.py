@@ -76,3 +76,4 @@ class EngineLink:
             self._metrics.gpu_memory_used.set(pong.gpu_used_bytes)
             self._metrics.engine_memory_used.set(pong.memory_used_bytes or pong.rss_bytes)
             self._metrics.engine_memory_budget.set(pong.memory_budget_bytes)
+        self._metrics.engine_speech_cache = pong.speech_cache if pong is not None else None

@@ -99,6 +99,9 @@ class ErrorCode(enum.StrEnum):
     AUDIO_CLIPPED = "audio_clipped"
     NO_SPEECH = "no_speech"
     TRANSCRIPT_REQUIRED = "transcript_required"  # the backend conditions on what it says
+    # the speech cache's warm prompts (HTTP)
+    SPEECH_CACHE_OFF = "speech_cache_off"  # the engine runs without a speech cache
+    TOO_MANY_PROMPTS = "too_many_prompts"  # GATEWAY_SPEECH_CACHE_MAX_PROMPTS per tenant
 
     @classmethod
     def from_engine(cls, code: str) -> ErrorCode:

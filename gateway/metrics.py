@@ -18,9 +18,14 @@ metrics).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from engine.ipc.schema import SpeechCacheStats
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -30,15 +35,97 @@ def multiprocess_dir() -> str | None:
     return os.environ.get(MULTIPROC_ENV) or None
 
 
-def exposition_registry(registry: CollectorRegistry) -> CollectorRegistry:
+def exposition_registry(
+    registry: CollectorRegistry, live: tuple[Collector, ...] = ()
+) -> CollectorRegistry:
     """What a scrape serves: the host's workers together in multiprocess mode (read from
-    their files at each scrape), else ``registry`` itself."""
+    their files at each scrape), else ``registry`` itself. ``live`` collectors (already
+    in ``registry``) read the engine's own counters at the scrape: every worker of a host
+    talks to the same engine, so the worker that answers serves them for the host."""
     directory = multiprocess_dir()
     if directory is None:
         return registry
     host = CollectorRegistry()
     MultiProcessCollector(host, path=directory)  # type: ignore[no-untyped-call]
+    for collector in live:
+        host.register(collector)
     return host
+
+
+class EngineSpeechCacheCollector(Collector):
+    """The engine's speech cache, from its last heartbeat (``Pong.speech_cache``), in
+    the ``engine_*`` family of names. The engine counts since it started: its counters
+    start again from 0 after an engine restart, which ``rate()`` handles.
+
+    - ``engine_speech_cache_enabled``: 1 when the engine has a speech cache;
+    - ``engine_speech_cache_hits_total`` / ``engine_speech_cache_misses_total``
+      {level, backend}: lookups found / not found per level (every lookup starts in
+      ``memory``; a memory miss looks in ``shared`` when there is one), so the hit ratio
+      is (memory hits + shared hits) / (memory hits + memory misses);
+    - ``engine_speech_cache_entries`` / ``engine_speech_cache_bytes`` {level, store};
+    - ``engine_speech_cache_evictions_total`` {level}: entries dropped for the budget;
+    - ``engine_speech_cache_errors_total`` {level}: lookups or writes that failed or
+      timed out (served as misses: synthesis).
+    """
+
+    def __init__(self, source: Callable[[], SpeechCacheStats | None]) -> None:
+        self._source = source
+
+    def describe(self) -> list[Metric]:
+        return list(self._families(None))
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(self._source())
+
+    @staticmethod
+    def _families(stats: SpeechCacheStats | None) -> Iterator[Metric]:
+        enabled = GaugeMetricFamily(
+            "engine_speech_cache_enabled",
+            "1 when the engine has a speech cache (ENGINE_SPEECH_CACHE).",
+        )
+        hits = CounterMetricFamily(
+            "engine_speech_cache_hits",
+            "Speech-cache lookups found, by level (memory, shared) and backend.",
+            labels=["level", "backend"],
+        )
+        misses = CounterMetricFamily(
+            "engine_speech_cache_misses",
+            "Speech-cache lookups not found, by level and backend (a shared miss is synthesized).",
+            labels=["level", "backend"],
+        )
+        entries = GaugeMetricFamily(
+            "engine_speech_cache_entries",
+            "Segments held by a speech-cache level (store: memory, directory, redis).",
+            labels=["level", "store"],
+        )
+        size = GaugeMetricFamily(
+            "engine_speech_cache_bytes",
+            "Bytes held by a speech-cache level (audio and word timings).",
+            labels=["level", "store"],
+        )
+        evictions = CounterMetricFamily(
+            "engine_speech_cache_evictions",
+            "Segments a speech-cache level dropped to stay within its byte budget.",
+            labels=["level"],
+        )
+        errors = CounterMetricFamily(
+            "engine_speech_cache_errors",
+            "Speech-cache lookups or writes that failed or timed out, by level (served by "
+            "synthesis).",
+            labels=["level"],
+        )
+        if stats is not None:
+            enabled.add_metric([], 1.0 if stats.enabled else 0.0)
+            for level in stats.levels:
+                for backend, count in sorted(level.hits.items()):
+                    hits.add_metric([level.level, backend], count)
+                for backend, count in sorted(level.misses.items()):
+                    misses.add_metric([level.level, backend], count)
+                entries.add_metric([level.level, level.store], level.entries)
+                size.add_metric([level.level, level.store], level.bytes)
+                evictions.add_metric([level.level], level.evictions)
+                errors.add_metric([level.level], level.errors)
+        yield from (enabled, hits, misses, entries, size, evictions, errors)
 
 
 LATENCY_BUCKETS = (
@@ -265,6 +352,41 @@ class GatewayMetrics:
         self.engine_restarts = Counter(
             "gateway_engine_restarts_total", "Engine restarts after a crash or hang.", registry=r
         )
+        # The speech cache (docs/speech-cache.md): first audio by where it came from, the
+        # warm prompts, and the engine's own counters (EngineSpeechCacheCollector).
+        self.speech_cache_first_audio = Histogram(
+            "gateway_speech_cache_first_audio_seconds",
+            "gateway_first_audio_seconds split by where the utterance's first segment came "
+            "from: cache=hit (the engine's speech cache) or miss (synthesized).",
+            ["cache"],
+            buckets=(0.001, 0.0025, *LATENCY_BUCKETS),
+            registry=r,
+        )
+        for label in ("hit", "miss"):
+            self.speech_cache_first_audio.labels(cache=label)
+        self.speech_cache_prompts = Gauge(
+            "gateway_speech_cache_prompts",
+            "Warm prompts this worker knows (prompts file, SIP flows, API), by state "
+            "(pending, warming, warm, failed).",
+            ["state"],
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.speech_cache_warmups = Counter(
+            "gateway_speech_cache_warmups_total",
+            "Prompt warm-ups finished, by result (warm; failed; retried: the engine went "
+            "away or was busy, tried again).",
+            ["result"],
+            registry=r,
+        )
+        for result in ("warm", "failed", "retried"):
+            self.speech_cache_warmups.labels(result=result)
+        #: Set by the engine link: the last Pong's speech-cache statistics.
+        self.engine_speech_cache: SpeechCacheStats | None = None
+        self.engine_speech_cache_collector = EngineSpeechCacheCollector(
+            lambda: self.engine_speech_cache
+        )
+        r.register(self.engine_speech_cache_collector)
         self.pacer_lag = Histogram(
             "gateway_pacer_tick_lag_seconds",
             "How late the pacing clock's ticks fire.",

@@ -67,6 +67,9 @@ class QueuedUtterance:
     samples: int | None = None
     audio_ready_at: float | None = None  # engine's first chunk reported
     first_frame_at: float | None = None
+    #: Where its first segment came from: "hit" (the engine's speech cache), "miss"
+    #: (synthesized), "" (the engine has no cache).
+    cache: str = ""
     error: ErrorEvent | None = None
     frames_sent: int = 0
     words: list[Word] = field(default_factory=list)  # timed by the engine, in order
@@ -192,11 +195,12 @@ class Playback:
     def _item(self, seq: int) -> QueuedUtterance | None:
         return self._by_seq.get(seq) or self._skipped.get(seq)
 
-    def on_audio(self, seq: int, start_pos: int, now: float) -> None:
+    def on_audio(self, seq: int, start_pos: int, now: float, cache: str = "") -> None:
         item = self._item(seq)
         if item is not None and item.start_pos is None:
             item.start_pos = start_pos
             item.audio_ready_at = now
+            item.cache = cache
 
     def on_words(self, seq: int, words: Sequence[Word]) -> None:
         """The engine timed the words of one segment of ``seq`` (ms from its start)."""

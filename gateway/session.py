@@ -647,6 +647,10 @@ class Session:
             if item.first_frame_at is not None:
                 since = max(item.requested_at, item.head_at or item.requested_at)
                 self._metrics.first_audio.observe(item.first_frame_at - since)
+                if item.cache in ("hit", "miss"):
+                    self._metrics.speech_cache_first_audio.labels(cache=item.cache).observe(
+                        item.first_frame_at - since
+                    )
                 if item.audio_ready_at is not None:
                     self._metrics.gateway_latency.observe(
                         max(0.0, item.first_frame_at - item.audio_ready_at)
@@ -658,7 +662,7 @@ class Session:
     def on_utterance_audio(self, event: UtteranceAudio) -> None:
         self._admission.first_audio(event.utterance)
         if self.playback is not None:
-            self.playback.on_audio(event.utterance, event.start_pos, self._clock())
+            self.playback.on_audio(event.utterance, event.start_pos, self._clock(), event.cache)
             self._pacer.wake(self)
 
     def on_utterance_words(self, event: UtteranceWords) -> None:

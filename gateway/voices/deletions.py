@@ -8,8 +8,10 @@ the record lifetime. The record lifetime stays the bound when a message is lost:
 the subscription fails and comes back, every cached record is expired (deletions may have
 been missed meanwhile).
 
-Message: JSON ``{"voice": "<id>", "erased": "<sha256>" | null}``; ``erased`` names the
-reference audio when the voice was its last user, so its features go too. Anything else
+Message: JSON ``{"voice": "<id>", "erased": "<sha256>" | null, "digest": "<sha256>" |
+null}``; ``erased`` names the reference audio when the voice was its last user, so its
+features go too; ``digest`` is the sha256 of the voice's features, which keys its speech
+in the engines' speech caches (each instance asks its engine to forget it). Anything else
 on the channel is ignored (and counted in the log).
 """
 
@@ -37,9 +39,13 @@ MAX_MESSAGE_BYTES = 1024
 class Deletion:
     voice_id: str
     erased_sha256: str | None  # the reference audio, when the voice was its last user
+    #: sha256 hex of the voice's features (the speech cache's voice digest), when known.
+    features_digest: str | None = None
 
     def encode(self) -> bytes:
-        return json.dumps({"voice": self.voice_id, "erased": self.erased_sha256}).encode()
+        return json.dumps(
+            {"voice": self.voice_id, "erased": self.erased_sha256, "digest": self.features_digest}
+        ).encode()
 
     @classmethod
     def decode(cls, data: bytes | str) -> Deletion | None:
@@ -52,10 +58,12 @@ class Deletion:
             return None
         if not isinstance(doc, dict):
             return None
-        voice, erased = doc.get("voice"), doc.get("erased")
+        voice, erased, digest = doc.get("voice"), doc.get("erased"), doc.get("digest")
         if not isinstance(voice, str) or not (erased is None or isinstance(erased, str)):
             return None
-        return cls(voice, erased)
+        if not (digest is None or (isinstance(digest, str) and len(digest) == 64)):
+            return None
+        return cls(voice, erased, digest)
 
 
 class DeletionChannel:

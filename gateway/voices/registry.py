@@ -125,6 +125,10 @@ def transcript_tag(transcript: str | None) -> str:
     return "t" + hashlib.blake2b(transcript.encode(), digest_size=8).hexdigest() + ":"
 
 
+def _features_key(info: BackendInfo, sha: str, language: str, transcript: str | None) -> str:
+    return f"{info.name}:{info.version}:{language.lower()}:{transcript_tag(transcript)}{sha}"
+
+
 def base_voice_for(language: str, voices: dict[str, str]) -> str | None:
     """The built-in voice that speaks ``language`` (exact tag first, then its prefix,
     then a multilingual voice: language ``mul``)."""
@@ -164,6 +168,9 @@ class VoiceRegistry:
         self._inflight: dict[str, asyncio.Future[bytes]] = {}
         # Set by the app when the store is shared through Redis: deletions are announced.
         self.deletions: DeletionChannel | None = None
+        #: Called for every deletion this instance applies (its own and, with Redis, every
+        #: instance's): the speech cache forgets the voice's speech.
+        self.deletion_listeners: list[Callable[[Deletion], None]] = []
         self.lookups = 0
         self.hits = 0
 
@@ -191,7 +198,7 @@ class VoiceRegistry:
         info = self._backend()
         if info is None:
             raise VoiceError(ErrorCode.ENGINE_UNAVAILABLE, "the TTS engine is not ready", 503)
-        key = f"{info.name}:{info.version}:{language.lower()}:{transcript_tag(transcript)}{sha}"
+        key = _features_key(info, sha, language, transcript)
         self.lookups += 1
         blob = self._features.get(key)
         self._count("l1", blob is not None)
@@ -367,10 +374,24 @@ class VoiceRegistry:
                 ErrorCode.STORAGE_UNAVAILABLE, "voice storage is unreachable", 503
             ) from None
 
+    async def _features_digest(self, record: VoiceRecord) -> str | None:
+        """sha256 hex of the voice's features if this instance or the store has them
+        (nothing is extracted): what the engines' speech caches key its speech by."""
+        info = self._backend()
+        if info is None:
+            return None
+        key = _features_key(info, record.audio_sha256, record.language, record.transcript)
+        blob = self._features.get(key)
+        if blob is None:
+            with contextlib.suppress(StorageUnavailable):
+                blob = await self._store.load_features(key)
+        return hashlib.sha256(blob).hexdigest() if blob is not None else None
+
     async def delete(self, tenant: str, voice_id: str) -> bool:
         record = await self.get(tenant, voice_id)
         if record is None:
             return False
+        digest = await self._features_digest(record)
         try:
             await self._store.delete_record(record)
         except StorageUnavailable:
@@ -389,7 +410,7 @@ class VoiceRegistry:
             raise VoiceError(
                 ErrorCode.STORAGE_UNAVAILABLE, "voice storage is unreachable", 503
             ) from None
-        deletion = Deletion(voice_id, record.audio_sha256 if erased else None)
+        deletion = Deletion(voice_id, record.audio_sha256 if erased else None, digest)
         self.forget(deletion)
         log.info("voice %s deleted (reference audio erased: %s)", voice_id, erased)
         if self.deletions is not None:
@@ -397,11 +418,17 @@ class VoiceRegistry:
         return True
 
     def forget(self, deletion: Deletion) -> None:
-        """Drop a deleted voice from L1 (and its reference's features, when erased)."""
+        """Drop a deleted voice from L1 (and its reference's features, when erased), and
+        tell the listeners (the speech cache)."""
         self._records.pop(deletion.voice_id)
         sha = deletion.erased_sha256
         if sha is not None:  # no voice uses the reference any more
             self._features.pop_where(lambda key: key.endswith(":" + sha))
+        for listener in self.deletion_listeners:
+            try:
+                listener(deletion)
+            except Exception:  # a listener's bug must not undo the deletion
+                log.exception("voice %s: a deletion listener failed", deletion.voice_id)
 
     def expire_records(self) -> None:
         """Treat every cached record as stale: the next use asks the store (deletions
