@@ -36,7 +36,7 @@ def make_key(text: str = "Welcome to Acme Bank.", **fields: object) -> SegmentKe
 
 def make_segment(seconds: float = 0.5, seed: int = 1, rate: int = 24_000) -> CachedSegment:
     n = int(seconds * rate) * 2
-    pcm = (bytes(range(seed % 251, 256)) + bytes(range(256))) * (n // 500 + 1)
+    pcm = (bytes(range(seed % 251, 256)) + bytes(range(256))) * (n // 256 + 2)
     return CachedSegment(pcm=pcm[:n], words=(("welcome", 0, 300), ("to", 300, 420)))
 
 
