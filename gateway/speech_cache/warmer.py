@@ -167,8 +167,8 @@ class Warmer:
             entry.segments = answer.segments
             if answer.code:
                 log.error(
-                    "speech cache: prompt %s (%s) not warmed: %s %s",
-                    entry.id, entry.source, answer.code, answer.message,
+                    "speech cache: prompt %s (%s, voice %r) not warmed: %s %s",
+                    entry.id, entry.source, entry.spec.voice[:64], answer.code, answer.message,
                 )  # fmt: skip
                 self._fail(entry, answer.code, answer.message)
                 return

@@ -20,7 +20,7 @@ MAX_DIGIT_VARIANTS = 32
 DIGITS = "{digits}"
 #: The format a flow's prompts are warmed in: every SIP codec is 8 kHz (its sample rate
 #: is what the cache's key holds; mu-law and A-law share it).
-FLOW_FORMAT = sorted(set(CODEC_FORMATS.values()))[0]
+FLOW_FORMAT = CODEC_FORMATS["PCMU"]
 
 
 def _texts(flow: Flow) -> Iterator[tuple[str, str]]:
