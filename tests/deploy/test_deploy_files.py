@@ -393,6 +393,8 @@ def test_alerts_and_dashboard_use_only_metrics_the_gateway_exports(
         "cosy2_queue_length",
         "engine_memory_used_bytes",
         "gateway_lease_store_errors_total",
+        "engine_speech_cache_errors_total",
+        "engine_speech_cache_hits_total",
     ):
         assert wanted in used_by_alerts, f"no alert on {wanted}"
     for wanted in (
@@ -405,6 +407,12 @@ def test_alerts_and_dashboard_use_only_metrics_the_gateway_exports(
         "engine_memory_used_bytes",
         "cosy2_cache_hit_ratio",
         "gateway_barge_ins_total",
+        "gateway_speech_cache_first_audio_seconds_bucket",
+        "engine_speech_cache_hits_total",
+        "engine_speech_cache_bytes",
+        "engine_speech_cache_entries",
+        "engine_speech_cache_evictions_total",
+        "engine_speech_cache_errors_total",
     ):
         assert wanted in used_by_dashboard, f"no dashboard panel on {wanted}"
 
