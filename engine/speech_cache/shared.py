@@ -331,6 +331,8 @@ class SharedLevel:
             try:
                 job = self._writes.get(timeout=self._maintain_every_s)
             except queue.Empty:
+                if self._closed:
+                    return  # close() could not queue its stop: the queue is drained now
                 continue
             if job is _STOP:
                 return
