@@ -13,6 +13,11 @@ Two forms of synthesis:
   when the call returns; an autoregressive model implements it step by step: one decode
   step for every segment of the batch, then the chunks that step produced.
 
+A backend whose audio may be kept in the engine's speech cache (engine/speech_cache)
+says, per voice, what that audio depends on beyond the segment's text and the stream's
+settings: :class:`CacheIdentity` (:class:`CacheIdentified`, read through
+:func:`cache_identity_of`; a backend that says nothing is never cached).
+
 What a backend can do beyond :class:`Backend` is declared in one typed record, its
 ``capabilities`` (:class:`~engine.ipc.schema.Capabilities`), read through
 :func:`capabilities_of`. Which backends exist is engine/backends/table.py.
@@ -20,8 +25,10 @@ What a backend can do beyond :class:`Backend` is declared in one typed record, i
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -194,6 +201,56 @@ class GpuMemoryReporter(Protocol):
     def gpu_memory(self) -> tuple[int, int]:
         """(used bytes, total bytes) of the device the backend runs on."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class CacheIdentity:
+    """What a voice's audio depends on, beyond the segment's text and the stream's voice
+    id, voice features, speed, instruction, language and rate (the speech cache's key,
+    engine/speech_cache): ``model_digest``, a digest of the model files (a model change
+    makes old entries unreachable); ``extra``, every other setting that changes the audio
+    (inference scales, a voice pack's hash), as sorted (name, value) pairs;
+    ``stochastic``: the backend samples, so a cached segment is one valid rendering
+    among many (docs/speech-cache.md)."""
+
+    model_digest: str
+    extra: tuple[tuple[str, str], ...] = ()
+    stochastic: bool = False
+
+
+@runtime_checkable
+class CacheIdentified(Protocol):
+    """A backend whose audio may be cached (engine/speech_cache)."""
+
+    def cache_identity(self, voice: object) -> CacheIdentity | None:
+        """The identity of ``voice``'s audio (a :meth:`Backend.resolve_voice` handle), or
+        None: its audio must never be cached. Cheap (digests are computed at load) and
+        safe on any thread."""
+        ...
+
+
+def cache_identity_of(backend: Backend, voice: object) -> CacheIdentity | None:
+    """``backend``'s identity for ``voice``; None when it declares none (never cached)."""
+    if isinstance(backend, CacheIdentified):
+        return backend.cache_identity(voice)
+    return None
+
+
+DIGEST_CHUNK = 1 << 20
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 hex of a file's contents (model files of tens of MB: well under a second)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(DIGEST_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def text_sha256(*parts: str) -> str:
+    """sha256 hex of ``parts`` joined by NUL (a digest of a few identifying strings)."""
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 @runtime_checkable

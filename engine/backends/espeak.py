@@ -31,11 +31,13 @@ import soxr
 
 from engine.backends.base import (
     BackendError,
+    CacheIdentity,
     EmitFn,
     PcmChunk,
     UnknownVoice,
     VoiceSettings,
     WordTiming,
+    text_sha256,
 )
 from engine.backends.espeak_lib import EE_OK, ESPEAK_CHARS_UTF8, library
 from engine.ipc.schema import Capabilities, VoiceInfo
@@ -431,6 +433,8 @@ class EspeakBackend:
         self._lib.espeak_SetSynthCallback(self._callback)
         version = self._espeak.version
         self.version = f"espeak-ng-{version}/profile-{PROFILE_VERSION}/cal-{CALIBRATION_VERSION}"
+        # The speech cache's model digest: the library's version and its voice data.
+        self.model_digest = text_sha256("espeak-ng", version, self._espeak.data_path)
         # Voice matching, measured lazily: (variant, base voice) -> pitch calibration,
         # (variant, base voice, pitch, range) -> its points, voice -> rate calibration.
         self._calibrations: dict[tuple[str, str], EspeakCalibration] = {}
@@ -471,6 +475,18 @@ class EspeakBackend:
             pitch=profile.pitch,
             pitch_range=profile.pitch_range,
         )
+
+    def cache_identity(self, voice: object) -> CacheIdentity:
+        """The library and its data; the resolved voice (variant, rate, pitch, range: what
+        a profile and the calibration made of it). Deterministic."""
+        assert isinstance(voice, EspeakVoice)
+        extra = (
+            ("name", voice.name),
+            ("pitch", str(voice.pitch)),
+            ("range", str(voice.pitch_range)),
+            ("rate", str(voice.rate_wpm)),
+        )
+        return CacheIdentity(self.model_digest, extra)
 
     def _apply(self, voice: EspeakVoice) -> None:
         """Make ``voice`` espeak's current voice (the caller holds the library lock)."""

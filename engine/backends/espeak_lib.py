@@ -57,10 +57,11 @@ class EspeakLibrary:
             ctypes.c_void_p,
             ctypes.c_void_p,
         ]
+        data_path = str(espeakng_loader.get_data_path())
         rate = lib.espeak_Initialize(
             AUDIO_OUTPUT_SYNCHRONOUS,
             BUFFER_MS,
-            espeakng_loader.get_data_path().encode(),
+            data_path.encode(),
             ESPEAK_INITIALIZE_DONT_EXIT,
         )
         if rate <= 0:
@@ -68,6 +69,7 @@ class EspeakLibrary:
         self.lib = lib
         self.sample_rate: int = rate
         self.version = (lib.espeak_Info(None) or b"unknown").decode("ascii", "replace")
+        self.data_path = data_path  # the voice data the library speaks with
         #: Held for every call into the library (re-entrant: a synthesis callback may
         #: run code that calls in again on the same thread).
         self.lock = threading.RLock()

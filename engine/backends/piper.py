@@ -45,6 +45,12 @@ blocked-layout kernels: the same audio to within rounding (at most 1 of 32767 on
 bundled voice; the test allows 4), about 11 % less CPU per second of audio here
 (``conv2d=False`` runs the graph as shipped).
 
+Speech cache (:meth:`PiperBackend.cache_identity`): a voice's audio is keyed by the
+sha256 of its ``.onnx`` file (computed once, when the model loads) and of its
+``.onnx.json``, its speaker, its inference scales and the graph rewrites above (``conv2d``,
+split openings). VITS samples noise (``noise_scale``, ``noise_w``): stochastic, a cached
+segment is one valid rendering.
+
 Threads: one ONNX Runtime session per model is shared by the scheduler's worker threads
 (``run`` is thread-safe and releases the GIL), each run single-threaded
 (``intra_op_num_threads=1``) so that ``ENGINE_WORKERS`` runs use that many cores.
@@ -69,11 +75,13 @@ from engine.backends.base import (
     BackendError,
     BatchEmit,
     BatchWords,
+    CacheIdentity,
     EmitFn,
     SynthesisJob,
     UnknownVoice,
     VoiceSettings,
     WordTiming,
+    file_sha256,
 )
 from engine.backends.espeak_lib import library
 from engine.backends.onnx_conv2d import conv1d_as_conv2d
@@ -152,6 +160,10 @@ class PiperModel:
         self.path = model_path
         self.config = config
         self.conv2d = conv2d
+        # The speech cache's model digest (engine/speech_cache): the file's contents.
+        self.digest = file_sha256(model_path)
+        config_path = model_path.with_name(model_path.name + ".json")
+        self.config_digest = file_sha256(config_path) if config_path.is_file() else ""
         model = onnx.load(str(model_path))
         graph = model.graph
         self.batched = any(LENGTH_NODE in node.output for node in graph.node)
@@ -557,6 +569,20 @@ class PiperBackend:
     def voice_sample_rate(self, voice: object) -> int:
         assert isinstance(voice, PiperVoice)
         return voice.model.config.sample_rate
+
+    def cache_identity(self, voice: object) -> CacheIdentity:
+        """The model file's sha256; its config's, the speaker, the scales (speed
+        included) and the graph rewrites. Stochastic (VITS noise)."""
+        assert isinstance(voice, PiperVoice)
+        model = voice.model
+        extra = (
+            ("config", model.config_digest),
+            ("conv2d", str(model.conv2d)),
+            ("scales", ",".join(repr(scale) for scale in voice.scales)),
+            ("speaker", str(voice.speaker)),
+            ("split_openings", str(self.split_openings)),
+        )
+        return CacheIdentity(model.digest, extra, stochastic=True)
 
     def batch_key(self, voice: object) -> object:
         """Segments batch together when they share a model and scales."""

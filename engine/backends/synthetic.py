@@ -6,6 +6,9 @@ exactly (``ENGINE_SYNTHETIC_FIRST_CHUNK_MS``: delay before the first chunk of ea
 segment; ``ENGINE_SYNTHETIC_RTF``: seconds of compute per second of audio), which the
 real backends cannot, and ``ENGINE_SYNTHETIC_BALLAST_MB`` makes each open stream hold
 memory (admission tests). Select it with ``ENGINE_BACKEND=synthetic``.
+
+Speech cache: its "model" is ``ENGINE_SYNTHETIC_MODEL`` (default ``synthetic-1``, read
+when the backend is made), so a test can change the model and see old entries missed.
 """
 
 from __future__ import annotations
@@ -21,15 +24,18 @@ import numpy as np
 from engine.backends.base import (
     BackendError,
     BatchSynthesizer,
+    CacheIdentity,
     EmitFn,
     UnknownVoice,
     VoiceSettings,
     WordTimer,
+    text_sha256,
 )
 from engine.ipc.schema import Capabilities, VoiceInfo
 
 CHAR_MS = 60
 CHUNK_MS = 40
+DEFAULT_MODEL = "synthetic-1"
 _VOICES = {"en-us": 220.0, "zh": 330.0, "yue": 440.0, "tone": 1000.0}
 
 
@@ -58,6 +64,8 @@ class SyntheticBackend:
         self.first_chunk_s = float(os.environ.get("ENGINE_SYNTHETIC_FIRST_CHUNK_MS", "0")) / 1000
         self.rtf = float(os.environ.get("ENGINE_SYNTHETIC_RTF", "0"))
         self.ballast_bytes = int(float(os.environ.get("ENGINE_SYNTHETIC_BALLAST_MB", "0")) * 2**20)
+        self.model = os.environ.get("ENGINE_SYNTHETIC_MODEL") or DEFAULT_MODEL
+        self.model_digest = text_sha256("synthetic", self.model)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -121,6 +129,12 @@ class SyntheticBackend:
 
     def voice_sample_rate(self, voice: object) -> int:
         return self.native_sample_rate
+
+    def cache_identity(self, voice: object) -> CacheIdentity:
+        """The model setting's digest; the tone's frequency (a registered voice's comes
+        from its features, which the key holds too). Deterministic."""
+        assert isinstance(voice, ToneVoice)
+        return CacheIdentity(self.model_digest, (("frequency", repr(voice.frequency)),))
 
     def close(self) -> None:
         pass

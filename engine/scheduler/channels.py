@@ -27,6 +27,14 @@ class Wakeup:
         self._event.wait(timeout)
         self._event.clear()
 
+    def is_set(self) -> bool:
+        """Something was put since the last wait or clear."""
+        return self._event.is_set()
+
+    def clear(self) -> None:
+        """Forget the puts so far: the caller drains every channel next."""
+        self._event.clear()
+
 
 class Channel(Generic[T]):
     """Many writers, one reader (the coordinator)."""

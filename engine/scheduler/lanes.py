@@ -7,6 +7,12 @@
   threads, each taking one :class:`Batch` at a time; the audio, resampled by the worker,
   its words and the batch's end come back to the coordinator on the results channel.
 
+Resampling is per segment: each segment's audio goes through the stream's resampler and
+the resampler is flushed at the segment's end (by the worker, or the inline lane), so a
+segment's bytes do not depend on the segment before it and a speech-cache hit gives the
+bytes its synthesis gave. The segments of TTS backends start and end in their own
+silence (pauses between sentences), so the joins are as smooth as one stream's.
+
 Workers touch nothing of the coordinator's state: they read the slots' generations
 (:class:`~engine.scheduler.state.Generations`, locked) to stop work that was cancelled,
 and use the stream's resampler, which the job holds until it ends (a cancel gives the
@@ -19,8 +25,9 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.backends.base import (
     BackendError,
@@ -29,13 +36,15 @@ from engine.backends.base import (
     SynthesisJob,
     WordTimer,
     WordTiming,
-    estimate_words,
 )
-from engine.scheduler.channels import Channel
 from engine.scheduler.output import OutputWriter
 from engine.scheduler.policy import observe_pace
 from engine.scheduler.state import Generations, Lane, StatsCounter, Stream, Utterance
+from engine.speech_cache import SegmentKey
 from telephony.codecs.resample import StreamingResampler
+
+if TYPE_CHECKING:
+    from engine.scheduler.warm import WarmJob
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +56,10 @@ class Segment:
     text: str
     voice: object  # the backend's handle
     utterance: int
-    offset_s: float  # where its audio starts in the utterance (word times)
+    offset_ms: int = 0  # where its words start in the utterance
+    start_samples: int = 0  # the utterance's samples before it
+    leading: bool = False  # the utterance's first audio
+    key: SegmentKey | None = None  # its speech-cache key (None: not cached)
 
 
 @dataclass(frozen=True)
@@ -60,10 +72,16 @@ class Job:
     text: str
     voice: object  # the backend's handle
     resampler: StreamingResampler  # the stream's, used by the worker while it runs the job
-    offset_s: float = 0.0  # where its audio starts in the utterance (word times)
+    segment: Segment | None = field(default=None, compare=False, repr=False)
     # The stream it was taken from (its slot may hold another stream by the time the
     # job ends); not part of the job's identity.
     stream: Stream | None = field(default=None, compare=False, repr=False)
+    # A warm-up job's segment (engine/scheduler/warm.py) instead of a stream's.
+    warm: WarmJob | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def leading(self) -> bool:
+        return self.segment is not None and self.segment.leading
 
 
 @dataclass(frozen=True)
@@ -99,6 +117,13 @@ class BatchDone:
 Result = Audio | Words | BatchDone
 
 
+@dataclass(frozen=True)
+class Spoken:
+    """A segment synthesized whole: its words if the backend timed them (else None)."""
+
+    timed: Sequence[WordTiming] | None
+
+
 class InlineLane:
     """Per-segment backends, run on the coordinator thread."""
 
@@ -107,16 +132,15 @@ class InlineLane:
         self._output = output
         self._stats = stats
 
-    def run(self, stream: Stream, utterance: Utterance, segment: Segment) -> None:
+    def run(self, stream: Stream, utterance: Utterance, segment: Segment) -> Spoken | None:
         """Synthesize ``segment`` of ``utterance`` (the stream's head), its audio into the
-        stream's ring as it comes; then its words (timed by the backend, else estimated)."""
+        stream's ring as it comes, the resampler's tail at its end. None when it failed
+        (the utterance failed) or was cancelled meanwhile; else its words if timed."""
         generation = stream.generation
-        rate = stream.voice.sample_rate
 
         def emit(chunk: PcmChunk) -> bool:
             if self._generations.current(stream.slot) != generation:
                 return False  # cancelled or closed while synthesizing
-            utterance.native_s += len(chunk) / rate
             self._output.write(stream, utterance, stream.resampler.process(chunk.tobytes()))
             return True
 
@@ -125,22 +149,22 @@ class InlineLane:
             stream.voice.backend.synthesize(segment.text, segment.voice, emit)
         except BackendError as exc:
             self._output.fail(stream, utterance, exc.code, exc.message)
+            return None
         except Exception:
             log.exception("backend failed on stream %s", stream.stream_id)
             self._output.fail(stream, utterance, "engine_error", "synthesis failed")
-        else:  # as for a worker lane's batch, a failed call says nothing of the pace
-            observe_pace(stream.lane, time.perf_counter() - started, len(segment.text))
-            backend = stream.voice.backend
-            offset_s = segment.offset_s
-            if self._generations.current(stream.slot) != generation:
-                pass  # cancelled or closed meanwhile: nobody wants its words
-            elif stream.lane.times_words and isinstance(backend, WordTimer):
-                self._output.words(stream, utterance, offset_s, backend.last_words(), "engine")
-            else:
-                span = utterance.native_s - offset_s
-                self._output.words(stream, utterance, offset_s, estimate_words(segment.text, span))
+            return None
         finally:
             self._stats.synthesized(1, time.perf_counter() - started)
+        # as for a worker lane's batch, a failed call says nothing of the pace
+        observe_pace(stream.lane, time.perf_counter() - started, len(segment.text))
+        if self._generations.current(stream.slot) != generation:
+            return None  # cancelled or closed meanwhile: nobody wants its words
+        self._output.write(stream, utterance, stream.resampler.flush())
+        backend = stream.voice.backend
+        if stream.lane.times_words and isinstance(backend, WordTimer):
+            return Spoken(backend.last_words())
+        return Spoken(None)
 
 
 class WorkerPool:
@@ -151,12 +175,12 @@ class WorkerPool:
         lane: Lane,
         batch: BatchSynthesizer,
         generations: Generations,
-        results: Channel[Result],
+        results: Callable[[Result], None],
     ) -> None:
         self._lane = lane
         self._batch = batch
         self._generations = generations
-        self._results = results
+        self._put = results
         self._jobs: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
 
@@ -186,7 +210,7 @@ class WorkerPool:
             batch = self._jobs.get()
             if batch is None:
                 return
-            self._results.put(self._run(batch))
+            self._put(self._run(batch))
 
     def _run(self, batch: Batch) -> BatchDone:
         jobs = batch.jobs
@@ -197,20 +221,25 @@ class WorkerPool:
                 return False  # cancelled, or closed, while synthesizing
             pcm = job.resampler.process(chunk.tobytes())
             if pcm or len(chunk):
-                self._results.put(Audio(job, pcm, len(chunk)))
+                self._put(Audio(job, pcm, len(chunk)))
             return True
 
         def timed(index: int, words: Sequence[WordTiming]) -> None:
-            self._results.put(Words(jobs[index], tuple(words)))
+            self._put(Words(jobs[index], tuple(words)))
 
         started = time.perf_counter()
         error: tuple[str, str] | None = None
-        segments = [SynthesisJob(j.text, j.voice, j.offset_s == 0.0) for j in jobs]
+        segments = [SynthesisJob(j.text, j.voice, j.leading) for j in jobs]
         try:
             if self._lane.times_words:
                 self._batch.synthesize_batch(segments, emit, timed)
             else:
                 self._batch.synthesize_batch(segments, emit)
+            for job in jobs:  # each segment's resampling ends with it (module docstring)
+                if self._generations.current(job.slot) == job.generation:
+                    tail = job.resampler.flush()
+                    if tail:
+                        self._put(Audio(job, tail))
         except BackendError as exc:
             error = (exc.code, exc.message)
         except Exception:

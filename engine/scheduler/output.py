@@ -22,6 +22,20 @@ MAX_WORD_CHARS = 64  # a "word" longer than this (a URL read out) is cut in the 
 
 # Events are routed by the server: (owner token, message).
 EventSink = Callable[[object, Message], None]
+# A segment's words: (text, start_ms, end_ms) from the segment's start (as cached).
+RelativeWords = tuple[tuple[str, int, int], ...]
+
+
+def relative_words(words: Sequence[WordTiming]) -> RelativeWords:
+    """A segment's words in whole ms from its start, each cut to MAX_WORD_CHARS."""
+    return tuple(
+        (w.text[:MAX_WORD_CHARS], round(w.start_s * 1000), round(w.end_s * 1000)) for w in words
+    )
+
+
+def duration_ms(samples: int, sample_rate: int) -> int:
+    """A segment's length in whole ms (its successor's words start that much later)."""
+    return round(samples * 1000 / sample_rate)
 
 
 class OutputWriter:
@@ -37,6 +51,8 @@ class OutputWriter:
             utterance.start_pos = stream.ring.write_pos + len(stream.pending)
         utterance.samples += len(pcm) // 2
         self._stats.audio(len(pcm) // 2)
+        if stream.record is not None:
+            stream.record.pcm += pcm
         if stream.pending:
             stream.pending += pcm
         else:
@@ -66,12 +82,12 @@ class OutputWriter:
         self,
         stream: Stream,
         utterance: Utterance,
-        offset_s: float,
-        words: Sequence[WordTiming],
+        offset_ms: int,
+        words: RelativeWords,
         source: str = "estimate",
     ) -> None:
-        """Tell the stream's owner the words of the segment that started at ``offset_s``
-        of the utterance's audio."""
+        """Tell the stream's owner the words of the segment that started at ``offset_ms``
+        of the utterance's audio (``words``: ms from the segment's start)."""
         if not words:
             return
         self._on_event(
@@ -79,14 +95,7 @@ class OutputWriter:
             UtteranceWords(
                 stream_id=stream.stream_id,
                 utterance=utterance.seq,
-                words=tuple(
-                    WordTime(
-                        w.text[:MAX_WORD_CHARS],
-                        round((offset_s + w.start_s) * 1000),
-                        round((offset_s + w.end_s) * 1000),
-                    )
-                    for w in words
-                ),
+                words=tuple(WordTime(t, offset_ms + s, offset_ms + e) for t, s, e in words),
                 source=source,
             ),
         )
@@ -95,6 +104,7 @@ class OutputWriter:
         """Drop ``utterance``. Audio of it already in the ring ends at ``end_pos``."""
         end_pos: int | None = None
         if stream.utterances and stream.utterances[0] is utterance:
+            stream.record = None  # its segment in synthesis is not cached
             stream.pending.clear()  # only the head utterance has output in flight
             stream.renew_resampler()
             if utterance.announced:
@@ -135,6 +145,7 @@ class OutputWriter:
                     stream_id=stream.stream_id,
                     utterance=utterance.seq,
                     start_pos=utterance.start_pos,
+                    cache=utterance.cache,
                 ),
             )
 

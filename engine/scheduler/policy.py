@@ -31,15 +31,40 @@ def smoothed(old: float, value: float) -> float:
     return value if old == 0.0 else old + PACE_SMOOTHING * (value - old)
 
 
-def ready(stream: Stream) -> bool:
-    """Has a segment to do, and room for its audio (no backlog), and none in flight."""
+def has_room(stream: Stream) -> bool:
+    """Has a segment to do, and room for its audio (no backlog), and none in flight (in
+    synthesis or being looked up in the speech cache's shared level)."""
     return not (
         stream.busy
+        or stream.fetching
         or stream.pending
         or stream.pending_boundaries
         or not stream.utterances
         or not stream.utterances[0].segments
     )
+
+
+def ready(stream: Stream) -> bool:
+    """Ready for synthesis: :func:`has_room`, and its next segment is not cached (looked
+    up and missed, or its voice is not cached)."""
+    if not has_room(stream):
+        return False
+    head = stream.utterances[0]
+    return head.keys is None or head.checked
+
+
+def lookup_ready(stream: Stream) -> bool:
+    """Its next segment is to be looked up in the speech cache (before synthesis)."""
+    if not has_room(stream):
+        return False
+    head = stream.utterances[0]
+    return head.keys is not None and not head.checked
+
+
+def awaits_synthesis(stream: Stream) -> int:
+    """Its utterances that synthesis still has (or had) work for: queued_utterances, in
+    which utterances played from the speech cache alone do not count."""
+    return sum(1 for u in stream.utterances if u.dispatched or u.segments or not u.final)
 
 
 def is_new(stream: Stream) -> bool:

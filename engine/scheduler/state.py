@@ -14,6 +14,8 @@ from engine.backends.base import Backend, BatchSynthesizer
 from engine.backends.routing import RoutedVoice
 from engine.ipc.boundaries import BoundaryWriter
 from engine.ipc.ring import SpscRing
+from engine.scheduler.cache_keys import KeyMaker
+from engine.speech_cache import SegmentKey
 from engine.text import SegmentSplitter
 from telephony.codecs.resample import StreamingResampler
 
@@ -30,8 +32,16 @@ class Utterance:
     announced: bool = False
     samples: int = 0
     tail_flushed: bool = False
-    native_s: float = 0.0  # seconds of the backend's audio so far (word times count from 0)
+    # Where its next segment's words start (ms): the sum of its segments' durations, each
+    # rounded on its own, so a cached segment's words come out as its synthesis gave them.
+    words_ms: int = 0
     handle: object = None  # its own voice handle (a style instruction), else the stream's
+    # Speech cache: its segments' keys (None: not cached); ``checked``: its next segment
+    # was looked up and missed (it goes to synthesis); ``cache``: where its first
+    # segment's audio came from ("hit", "miss"; "" not cached), told in UtteranceAudio.
+    keys: KeyMaker | None = None
+    checked: bool = False
+    cache: str = ""
     startable_since: float | None = None  # first seen able to start (the start deadline)
     dispatched: bool = False  # a segment of it went to synthesis: the deadline is over
 
@@ -51,6 +61,7 @@ class Lane:
     # The backend times the words it speaks (its capability record's ``word_timings``).
     times_words: bool = False
     in_flight: int = 0  # batches handed to the workers and not yet done
+    warm_busy: bool = False  # one of them is a warm-up job's (engine/scheduler/warm.py)
     # Recent wall time of a call per character of its longest segment (the padded length).
     seconds_per_char: float = 0.0
     audio_per_char: float = 0.0  # recent seconds of audio per character of text
@@ -71,6 +82,9 @@ class Stream:
     bytes_per_second: int
     sample_rate: int
     busy: bool = False  # a segment of it is with a lane's worker
+    fetching: int = 0  # the token of its speech-cache lookup in the shared level (0: none)
+    keys: KeyMaker | None = None  # its voice's speech-cache keys (None: not cached)
+    record: SegmentRecord | None = None  # the segment in synthesis, kept for the cache
     busy_until: float = 0.0  # when that segment is expected done (monotonic)
     busy_audio_s: float = 0.0  # and the audio it is expected to give
     audio_per_char: float = 0.0  # this stream's recent seconds of audio per character
@@ -93,6 +107,16 @@ class Stream:
     def renew_resampler(self) -> None:
         """A fresh resampler (a worker may still hold the old one for work now void)."""
         self.resampler = StreamingResampler(self.voice.sample_rate, self.sample_rate)
+
+
+@dataclass
+class SegmentRecord:
+    """What the stream's segment in synthesis wrote to its ring, and its words (relative
+    ms): stored in the speech cache under ``key`` once the segment is complete."""
+
+    key: SegmentKey
+    pcm: bytearray = field(default_factory=bytearray)
+    words: tuple[tuple[str, int, int], ...] | None = None  # timed by the backend
 
 
 class Generations:
@@ -118,6 +142,7 @@ class SchedulerStats:
     active_streams: int = 0
     queued_utterances: int = 0
     segments: int = 0
+    cached_segments: int = 0  # segments played from the speech cache
     audio_samples: int = 0
     synth_seconds: float = 0.0
 
@@ -141,6 +166,10 @@ class StatsCounter:
         with self._lock:
             self._stats.segments += segments
             self._stats.synth_seconds += seconds
+
+    def cached(self, segments: int) -> None:
+        with self._lock:
+            self._stats.cached_segments += segments
 
     def streams(self, active: int) -> None:
         with self._lock:

@@ -24,6 +24,12 @@ there gets that chunk's audio, all of them through one flow call
 (:mod:`~engine.backends.cosyvoice2.token2wav`), streams still waiting for their first
 chunk first; a stream whose ``emit`` returns False (cancelled, barge-in) is dropped at
 once with its caches.
+
+Speech cache (:meth:`CosyVoice2Backend.cache_identity`): the model digest is the
+directory's version (:func:`~engine.backends.cosyvoice2.model_dir.model_version`: each
+weight file's name, size and first and last MiB, not the whole of its gigabytes), with
+the dtypes, the device type and the hop schedule (the streamed chunks change the audio).
+Its LLM samples (seeded per segment and voice): a cached segment is one valid rendering.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import torch
 from engine.backends.base import (
     BackendError,
     BatchEmit,
+    CacheIdentity,
     EmitFn,
     SynthesisJob,
     UnknownVoice,
@@ -208,6 +215,7 @@ class CosyVoice2Backend:
         # Every stream's chunk sizes (upstream's own, 25 tokens a hop, is
         # ``HopSchedule(min_first=25, growth=(1,))``: the conformance tests use it).
         self.hop_schedule = HopSchedule(chunk=self.vocoder.chunk)
+        self._llm_dtype = str(settings.torch_llm_dtype())  # for the speech cache's key
         self._voices: dict[str, VoiceFeatures] = {BASE_VOICE: self._unprompted()}
         self._infos = [
             VoiceInfo(
@@ -272,6 +280,21 @@ class CosyVoice2Backend:
 
     def voice_sample_rate(self, voice: object) -> int:
         return self.native_sample_rate
+
+    def cache_identity(self, voice: object) -> CacheIdentity:
+        """The model directory's digest (name, size, first and last MiB of each weight
+        file: see the module docstring), dtypes, device type and hop schedule; the voice
+        (a registered one by its features' digest in the key) and the instruction are in
+        the key. Stochastic (the LLM samples)."""
+        assert isinstance(voice, CosyVoice2Voice)
+        schedule = self.hop_schedule
+        extra = (
+            ("device", self.model.device.type),
+            ("dtype", str(self.model.dtype)),
+            ("hops", f"{schedule.chunk}/{schedule.min_first}/{schedule.growth}"),
+            ("llm_dtype", self._llm_dtype),
+        )
+        return CacheIdentity(self.version, extra, stochastic=True)
 
     def batch_key(self, voice: object) -> object:
         return self.name  # one model: every stream batches with every other

@@ -13,6 +13,10 @@ once on one shared session, each single-threaded (``independent_calls``: the sch
 capacity admission and start deadline apply); words are timed by the model's predicted
 durations (``times_words``). Text arrives normalized (:mod:`engine.normalize`, run by
 the segment splitter); :mod:`engine.backends.kokoro.g2p` turns it into phonemes.
+
+Speech cache (:meth:`KokoroBackend.cache_identity`): keyed by the model's sha256 and the
+voice pack's (both checked against their pins when they load) and the leading-silence
+cut; the model does not sample, so a cached segment is its audio.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from engine.backends.base import (
     BackendError,
     BatchEmit,
     BatchWords,
+    CacheIdentity,
     EmitFn,
     SynthesisJob,
     UnknownVoice,
@@ -185,6 +190,15 @@ class KokoroBackend:
 
     def voice_sample_rate(self, voice: object) -> int:
         return SAMPLE_RATE
+
+    def cache_identity(self, voice: object) -> CacheIdentity:
+        """The model's sha256 (checked when it loaded), the voice pack's, the lead cut."""
+        assert isinstance(voice, KokoroVoice)
+        extra = (
+            ("lead_keep_frames", str(LEAD_KEEP_FRAMES)),
+            ("pack", assets.VOICE_PACKS[voice.spec.pack]),
+        )
+        return CacheIdentity(assets.MODEL_SHA256, extra)
 
     def batch_key(self, voice: object) -> object:
         assert isinstance(voice, KokoroVoice)
