@@ -52,6 +52,11 @@ class SpeechCache:
             self._memory_counts.hit(key.backend)
         return segment
 
+    def contains_local(self, key: SegmentKey) -> bool:
+        """Whether the in-process level holds ``key``: not counted as a lookup and not a
+        use for the LRU (for warm-up checks, which are not calls). Never blocks on I/O."""
+        return self._memory is not None and self._memory.contains(key.digest())
+
     def fetch(self, key: SegmentKey, done: Done) -> None:
         """Look in the shared level on the I/O thread; ``done(key, segment or None)`` is
         called once from that thread (a hit fills the memory level first), or at once on

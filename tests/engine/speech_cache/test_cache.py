@@ -86,6 +86,7 @@ def test_memory_only_cache_and_statistics() -> None:
         assert cache.get_local(hello) == make_segment(0.5)
         assert cache.get_local(hello) is not None
         assert cache.get_local(bye) is None
+        assert cache.contains_local(hello) and not cache.contains_local(bye)  # not counted
         answers: list[tuple[SegmentKey, CachedSegment | None]] = []
         cache.fetch(hello, lambda k, s: answers.append((k, s)))
         assert answers == [(hello, None)]  # no shared level: answered at once
