@@ -182,3 +182,23 @@ def test_full_lookup_queue_answers_at_once(redis_process: RedisProcess) -> None:
     finally:
         redis_process.thaw()
         cache.close()
+
+
+def test_watchdog_answers_when_the_store_hangs_past_the_timeout(
+    redis_process: RedisProcess,
+) -> None:
+    """A store call that hangs far longer than the lookup timeout (a Redis client with a
+    2 s socket timeout here; a hung network filesystem for the directory) still gives the
+    caller None at about 1.5x the lookup timeout: the watchdog answers, not the store."""
+    store = RedisStore(redis_process.url, timeout_s=2.0, ttl_s=60)
+    shared = SharedLevel(store, timeout_s=TIMEOUT_S, back_off_s=5.0)
+    cache = SpeechCache(MemoryLevel(1 << 20), shared, enabled=True)
+    try:
+        assert fetch_sync(cache, make_key()) is None
+        redis_process.freeze()
+        got, took = timed_fetch(cache, make_key())
+        assert got is None and 1.5 * TIMEOUT_S <= took < LIMIT_S, took
+        assert cache.stats().levels[1].errors == 1
+    finally:
+        redis_process.thaw()
+        cache.close()
