@@ -160,10 +160,12 @@ class SpeechCacheService:
         )
         self.declared = list(declared)
         self._warm_at_start = warm_at_start
+        self._observer = _Observer(metrics, self.catalog)
+        self._startup: list[Entry] = []
         self.warmer = Warmer(
             self.engine,
             self._request_for,
-            _Observer(metrics, self.catalog),
+            self._observer,
             concurrency=settings.warm_concurrency,
             max_queue=self.catalog.max_total,
         )
@@ -174,6 +176,10 @@ class SpeechCacheService:
     # --- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Start the warmer and the background task; returns at once. The prompts
+        file's prompts are listed from now on (``pending``)."""
+        self._startup = self._catalog_startup(self.file_prompts) if self._warm_at_start else []
+        self._observer.changed()
         self.warmer.start()
         self._task = asyncio.create_task(self._background(), name="speech-cache")
 
@@ -185,17 +191,34 @@ class SpeechCacheService:
             self._task = None
         await self.warmer.stop()
 
+    def _catalog_startup(self, lines: Sequence[PromptLine]) -> list[Entry]:
+        entries: list[Entry] = []
+        for line in lines:
+            source = f"file:{line.line}"
+            try:
+                entry, new = self.catalog.add(line.tenant, line.spec, source)
+            except CatalogFull:
+                log.error("speech cache: prompt of %s not warmed: the catalog is full", source)
+                continue
+            if new:
+                entries.append(entry)
+        return entries
+
     async def _background(self) -> None:
         """Queue the start-up prompts once the engine answers; then, for ever, send the
         voice deletions the engine missed."""
         while self.engine.status() in ("down", "unknown"):  # noqa: ASYNC110 - heartbeats
             await asyncio.sleep(POLL_S)
         if self.engine.status() == "off":
-            if self.file_prompts or self.declared:
+            if self._startup or self.declared:
                 log.warning(
                     "speech cache: the engine runs without one (ENGINE_SPEECH_CACHE=0): "
-                    "%d prompts not warmed", len(self.file_prompts) + len(self.declared),
+                    "%d prompts not warmed", len(self._startup) + len(self.declared),
                 )  # fmt: skip
+            for entry in self._startup:
+                entry.state, entry.code = "failed", ErrorCode.SPEECH_CACHE_OFF
+                entry.message = "the engine runs without a speech cache"
+            self._observer.changed()
         elif self._warm_at_start:
             self._queue_startup()
         self.startup_queued.set()
@@ -204,27 +227,22 @@ class SpeechCacheService:
             await asyncio.sleep(FORGET_RETRY_S)
 
     def _queue_startup(self) -> None:
-        queued = 0
-        for line in self.file_prompts:
-            queued += self._queue(line.tenant, line.spec, f"file:{line.line}")
+        entries = list(self._startup)
         default_voice = self._link.default_voice
         for declared in self.declared:
             spec = PromptSpec(
                 text=declared.text, voice=declared.voice or default_voice, format=declared.format
             )
-            queued += self._queue(SHARED_TENANT, spec, declared.source)
+            try:
+                entry, new = self.catalog.add(SHARED_TENANT, spec, declared.source)
+            except CatalogFull:
+                log.error("speech cache: %s not warmed: the catalog is full", declared.source)
+                continue
+            if new:
+                entries.append(entry)
+        queued = sum(1 for entry in entries if self.warmer.submit(entry))
         if queued:
             log.info("speech cache: warming %d prompts in the background", queued)
-
-    def _queue(self, tenant: str, spec: PromptSpec, source: str) -> int:
-        try:
-            entry, new = self.catalog.add(tenant, spec, source)
-        except CatalogFull:
-            log.error("speech cache: prompt of %s not warmed: the catalog is full", source)
-            return 0
-        if not new:
-            return 0
-        return 1 if self.warmer.submit(entry) else 0
 
     # --- what the API asks -------------------------------------------------------------
 
@@ -280,7 +298,7 @@ class SpeechCacheService:
         drops its cached speech (now, or once it is back)."""
         removed = self.catalog.remove_voice(voice_id)
         if removed:
-            _Observer(self._metrics, self.catalog).changed()
+            self._observer.changed()
         if voice_digest is None:
             return
         if not self.engine.forget(voice_digest):
