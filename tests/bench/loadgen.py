@@ -100,6 +100,7 @@ class LoadOptions:
     seed: int = 1
     voices: tuple[str, ...] = VOICES  # call g speaks with voices[g % len(voices)]
     burst: bool = False  # every call's first prompt at once (script.Behaviour.burst)
+    prompts: str = ""  # "module:function" picking prompts (script.Behaviour.prompts)
 
     def worker_count(self, sessions: int) -> int:
         if self.workers:
@@ -176,7 +177,9 @@ def _plans(target: Target, sessions: int, opts: LoadOptions) -> list[WorkerPlan]
         )
         calls[g % k].append(spec)
         delays[g % k].append(g / opts.ramp_per_s)
-    behaviour = Behaviour(opts.think_min_s, opts.think_max_s, opts.max_prompts, opts.burst)
+    behaviour = Behaviour(
+        opts.think_min_s, opts.think_max_s, opts.max_prompts, opts.burst, opts.prompts
+    )
     return [
         WorkerPlan(
             protocol=opts.protocol,

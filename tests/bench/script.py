@@ -11,9 +11,12 @@ utterance's, and a real IVR would drop the call too.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 from tests.bench.calls import CallDriver, CallFailed
 from tests.bench.prompts import pick_prompt
@@ -25,6 +28,22 @@ class Behaviour:
     think_max_s: float = 2.0
     max_prompts: int | None = None  # per call; None: until the window ends
     burst: bool = False  # every call's first prompt at the window's start, together
+    #: "module:function" choosing each prompt, ``(voice, rng) -> text`` (another mix than
+    #: the standard one, e.g. tests/bench/speech_cache.py's); "": :func:`pick_prompt`.
+    prompts: str = ""
+
+
+PromptPicker = Callable[[str, random.Random], str]
+
+
+@cache
+def prompt_picker(name: str) -> PromptPicker:
+    """The picker ``name`` ("module:function") designates; "" is the standard mix's."""
+    if not name:
+        return pick_prompt
+    module, _, function = name.partition(":")
+    picker: PromptPicker = getattr(importlib.import_module(module), function)
+    return picker
 
 
 async def open_call(driver: CallDriver, delay_s: float) -> bool:
@@ -57,7 +76,8 @@ async def converse(
         while time.monotonic() < end:
             if behaviour.max_prompts is not None and spoken >= behaviour.max_prompts:
                 return
-            await driver.speak(pick_prompt(driver.spec.voice, rng), f"u{spoken}")
+            pick = prompt_picker(behaviour.prompts)
+            await driver.speak(pick(driver.spec.voice, rng), f"u{spoken}")
             spoken += 1
             think = rng.uniform(behaviour.think_min_s, behaviour.think_max_s)
             if time.monotonic() + think >= end:
