@@ -22,6 +22,7 @@ from engine.config import EngineSettings
 from engine.ipc.lifetime import die_with_parent, watch_parent
 from engine.ipc.shm import SharedRegion, SlotArena
 from engine.server import EngineLayout, EngineServer
+from engine.speech_cache import SpeechCacheSettings, open_speech_cache
 from engine.text import load_word_segmenter
 
 log = logging.getLogger("engine")
@@ -80,12 +81,15 @@ async def run_engine(args: argparse.Namespace) -> None:
     arena.reset_all()
     layout = EngineLayout(region, arena, args.slots, out_bytes, in_bytes)
     settings = EngineSettings.from_env(os.environ)
+    # The speech cache (docs/speech-cache.md): opened here, closed after the server stops.
+    speech_cache = open_speech_cache(SpeechCacheSettings.from_env(os.environ))
     server = EngineServer(
         backend,
         layout,
         memory_budget_bytes=settings.memory_budget_mb << 20,
         memory_reject_fraction=settings.memory_reject_percent / 100,
         start_timeout_s=settings.start_timeout_ms / 1000,
+        speech_cache=speech_cache,
     )
     if args.no_vad:
         server.vad.load_error = "disabled (ENGINE_VAD=0)"
@@ -106,12 +110,13 @@ async def run_engine(args: argparse.Namespace) -> None:
     try:
         await server.start(args.socket)
         log.info(
-            "engine ready: backend=%s slots=%d socket=%s shm=%s (%.1f MiB)",
+            "engine ready: backend=%s slots=%d socket=%s shm=%s (%.1f MiB) speech cache=%s",
             backend.name,
             args.slots,
             args.socket,
             region.path,
             size / 2**20,
+            ("on, shared" if speech_cache.has_shared else "on") if speech_cache.enabled else "off",
         )
         await stop.wait()
     finally:
@@ -121,6 +126,7 @@ async def run_engine(args: argparse.Namespace) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
         await server.stop()
+        speech_cache.close()
         backend.close()
         with contextlib.suppress(OSError):
             os.unlink(args.socket)

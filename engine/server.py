@@ -4,6 +4,12 @@ One :class:`EngineServer` per engine process. Each gateway worker holds one conn
 streams belong to the connection that opened them and are closed (their slots freed)
 when it goes away. Slots are allocated here from a fixed pool; an exhausted pool answers
 ``StreamRejected(code="overloaded")``.
+
+The speech cache (engine/speech_cache) is given to the server by whoever opened it
+(``python -m engine``: from ``SpeechCacheSettings.from_env``), who also closes it after
+:meth:`EngineServer.stop`; without one the cache is off. WarmPrompt, CheckPrompt and
+ForgetVoice are handled by :class:`~engine.prompts.PromptService`; Pong carries the
+cache's statistics.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from engine.ipc.schema import (
     PROTOCOL_VERSION,
     Cancel,
     CancelUtterance,
+    CheckPrompt,
     CloseStream,
+    ForgetVoice,
     FrameDecoder,
     FramingError,
     Hello,
@@ -36,11 +44,14 @@ from engine.ipc.schema import (
     StreamClosed,
     StreamOpened,
     StreamRejected,
+    WarmPrompt,
     Welcome,
     encode,
 )
 from engine.ipc.shm import SharedRegion, SlotArena
+from engine.prompts import PromptService
 from engine.scheduler import START_TIMEOUT_S, Scheduler
+from engine.speech_cache import SpeechCache
 from engine.vad import SileroVad, VadModel, VadWorker
 from telephony.codecs.formats import ENGINE_RATES
 
@@ -186,6 +197,9 @@ class _Connection(asyncio.Protocol):
                     memory_used_bytes=memory.used,
                     memory_budget_bytes=memory.budget,
                     vad_ready=server.vad.ready,
+                    speech_cache=server.speech_cache.stats()
+                    if server.speech_cache.enabled
+                    else None,
                 )
             )
         elif isinstance(message, OpenStream):
@@ -217,6 +231,12 @@ class _Connection(asyncio.Protocol):
                 language=message.language,
                 transcript=message.transcript,
             )
+        elif isinstance(message, WarmPrompt):
+            server.prompts.warm(self.send, message.request_id, message.prompt, self)
+        elif isinstance(message, CheckPrompt):
+            server.prompts.check(self.send, message.request_id, message.prompt)
+        elif isinstance(message, ForgetVoice):
+            server.prompts.forget(message.voice_digest)
         elif isinstance(message, CloseStream):
             slot = self.streams.pop(message.stream_id, None)
             if slot is None:
@@ -306,8 +326,11 @@ class EngineServer:
         memory_budget_bytes: int = 4 << 30,
         memory_reject_fraction: float = 0.85,
         start_timeout_s: float = START_TIMEOUT_S,
+        speech_cache: SpeechCache | None = None,
     ) -> None:
         self.backend = backend
+        # Opened and closed by the caller (see the module docstring); None: off.
+        self.speech_cache = SpeechCache.disabled() if speech_cache is None else speech_cache
         self.layout = layout
         self.memory_budget_bytes = memory_budget_bytes
         self.memory_reject_fraction = memory_reject_fraction
@@ -322,6 +345,10 @@ class EngineServer:
             tap_directory=os.environ.get("ENGINE_PCM_TAP_DIR") or None,
             on_fatal=_exit_on_scheduler_failure,
             start_timeout_s=start_timeout_s,
+            speech_cache=self.speech_cache,
+        )
+        self.prompts = PromptService(
+            backend, self.scheduler, self.speech_cache, max_text_chars=backend.max_text_chars
         )
         self.vad = VadWorker(
             self._from_worker,
@@ -378,6 +405,7 @@ class EngineServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        await self.prompts.close()
         self.scheduler.stop()
         self.vad.stop()
 

@@ -130,7 +130,7 @@ class SyntheticBackend:
     def voice_sample_rate(self, voice: object) -> int:
         return self.native_sample_rate
 
-    def cache_identity(self, voice: object) -> CacheIdentity:
+    def cache_identity(self, voice: object) -> CacheIdentity | None:
         """The model setting's digest; the tone's frequency (a registered voice's comes
         from its features, which the key holds too). Deterministic."""
         assert isinstance(voice, ToneVoice)

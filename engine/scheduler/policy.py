@@ -62,9 +62,14 @@ def lookup_ready(stream: Stream) -> bool:
 
 
 def awaits_synthesis(stream: Stream) -> int:
-    """Its utterances that synthesis still has (or had) work for: queued_utterances, in
-    which utterances played from the speech cache alone do not count."""
-    return sum(1 for u in stream.utterances if u.dispatched or u.segments or not u.final)
+    """Its utterances that synthesis has (or had) work for, the count in
+    queued_utterances: an utterance played from the speech cache so far (its first
+    segment a hit, nothing of it synthesized) does not count."""
+    return sum(
+        1
+        for u in stream.utterances
+        if u.dispatched or not u.final or (u.segments and u.cache != "hit")
+    )
 
 
 def is_new(stream: Stream) -> bool:

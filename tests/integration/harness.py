@@ -121,6 +121,9 @@ class GatewayProcess:
             # espeak unless a test asks for another backend: fast, deterministic timing
             # (the neural voice has tests of its own, tests/integration/test_neural.py)
             "ENGINE_BACKEND": "espeak",
+            # no speech cache unless a test turns it on (with its own directory): a test
+            # (or a benchmark) must not hear another's cached audio (tests/conftest.py)
+            "ENGINE_SPEECH_CACHE": "0",
             **env,
         }
         self.env.pop("GATEWAY_JWT_PUBLIC_KEY", None)

