@@ -9,6 +9,8 @@ The package's parts (each with one job):
 - ``state``: streams, utterances, lanes, and the two things other threads share with
   the coordinator, each behind a lock (the slots' generations, the counters);
 - ``channels``: commands (from the server) and results (from the workers), apart;
+- ``cache_keys``: the speech cache's keys of a stream's (or a prompt's) segments;
+- ``warm``: warm-up jobs (a prompt rendered into the speech cache, no stream);
 - ``coordinator``: :class:`Scheduler`, the loop that ties them together.
 
 The coordinator owns the streams' state (utterances, rings, boundaries, pending audio):
@@ -56,6 +58,19 @@ sooner; this bounds what the engine has already accepted.
 Back-pressure: audio goes into the stream's outbound ring. When the ring is full the
 rest of the segment waits in the stream's ``pending`` buffer, and the stream gets no new
 turn until ``pending`` has drained: a full ring never overwrites unread audio.
+
+Speech cache (engine/speech_cache, docs/speech-cache.md "Scheduling"): a segment is
+looked up when it becomes its stream's next work, before any capacity cut. A memory hit
+is written to the ring by the coordinator at once (never a lane, never counted in the
+capacity fit, ``queued_utterances`` or the start deadline); with a shared level, a memory
+miss waits on the level's lookup (the stream is in flight meanwhile), then plays or goes
+to synthesis. A synthesized segment, complete and not cancelled, is stored with exactly
+the bytes its ring got (resampling is per segment) and its words.
+
+Warm-up: a WarmPrompt's segments are looked up and, where missing, synthesized on idle
+capacity only (engine/scheduler/warm.py): an inline lane's warm segment is given up as
+soon as anything arrives for the coordinator; a worker lane takes one only while no call
+has segments for it, leaving a worker free when it has several.
 
 Debugging: with ``ENGINE_PCM_TAP_DIR`` set, every stream's PCM (exactly the bytes put
 into its ring, cancelled audio included) is also written to a file there, to hear what a
