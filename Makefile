@@ -118,6 +118,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.neural
 	$(PY) -m tests.bench.kokoro --out bench-results/kokoro.json
 	$(PY) -m tests.bench.kokoro_calls --out bench-results
+	$(PY) -m tests.bench.speech_cache --langs en zh --calls 20 100 200 --burst 30 --out bench-results
 	$(PY) -m tests.bench.intelligibility --out bench-results/intelligibility.json
 	$(PY) -m tests.bench.sip_calls
 	$(PY) -m tests.bench.legs
