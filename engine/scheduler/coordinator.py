@@ -541,6 +541,8 @@ class Scheduler:
             if job.finished and not job.waiting:
                 self._finish_warm(job)
                 progressed = True
+        if any(job.to_synthesize and job.lane.batch is not None for job in self._warm):
+            self._dispatch_batches()  # now, not at the coordinator's next wake-up
         for job in self._warm:
             if not job.to_synthesize or job.lane.batch is not None:
                 continue
