@@ -381,7 +381,13 @@ class InProcess:
             SupervisorSettings(
                 backend="espeak",
                 extra_args=["--slots", "4"],
-                env={**os.environ, "ENGINE_VAD": "0", "LOG_LEVEL": "WARNING"},
+                # synthesis measured, not the speech cache (tests/conftest.py)
+                env={
+                    **os.environ,
+                    "ENGINE_VAD": "0",
+                    "LOG_LEVEL": "WARNING",
+                    "ENGINE_SPEECH_CACHE": "0",
+                },
                 ready_timeout=60.0,
             )
         )
