@@ -212,7 +212,7 @@ def create_app(
     app.cleanup_ctx.append(lifecycle)
     for path, handler in {**PROTOCOLS, **leg_routes(legs)}.items():
         app.router.add_get(path, handler)
-    voices_api.add_routes(app)
+    voices_api.add_routes(app, state)
     speech_api.add_routes(app)
     speech_cache_api.add_routes(app, speech_cache)
     app.router.add_get("/healthz", healthz)

@@ -22,7 +22,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from aiohttp import BodyPartReader, HttpVersion11, MultipartReader, StreamReader, hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -31,11 +31,15 @@ from engine.ipc.schema import VoiceInfo
 from gateway.auth import AuthError, Principal, token_from_request
 from gateway.errors import ErrorCode
 from gateway.peer_log import PeerLog
-from gateway.state import STATE_KEY, GatewayState
 from gateway.voices.reference_audio import MAX_UPLOAD_BYTES, ReferenceAudio, ReferenceAudioError
 from gateway.voices.registry import VoiceError
 from gateway.voices.store import VoiceRecord
 from gateway.voices.upload_worker import UploadWorkerError, UploadWorkers
+
+if TYPE_CHECKING:
+    from gateway.config import GatewaySettings
+    from gateway.metrics import GatewayMetrics
+    from gateway.voices.registry import VoiceRegistry
 
 log = logging.getLogger(__name__)
 _auth_log = PeerLog(log, "voices API")  # anyone can fail auth: rate-limited
@@ -49,6 +53,37 @@ MAX_BODY_BYTES: Final = MAX_UPLOAD_BYTES + 64 * 1024  # the whole multipart body
 MAX_PART_HEADERS: Final = 16
 UPLOAD_CHUNK_BYTES: Final = 64 * 1024
 TEXT_FIELDS: Final = ("name", "language", "transcript")
+
+
+class EngineVoices(Protocol):
+    """The engine's built-in voices, as its handshake listed them."""
+
+    @property
+    def voices(self) -> tuple[VoiceInfo, ...]: ...
+
+
+class VoicesContext(Protocol):
+    """What the voices API uses of a gateway worker (the worker's state satisfies it):
+    token checks, the engine's voices, the registry, the error counter and the upload
+    limits. Handed to :func:`add_routes`, so this folder imports nothing at the root that
+    leads back into it."""
+
+    @property
+    def settings(self) -> GatewaySettings: ...
+
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+
+    @property
+    def engine(self) -> EngineVoices: ...
+
+    @property
+    def registry(self) -> VoiceRegistry: ...
+
+    def verify(self, token: str | None, scope: str) -> Principal: ...
+
+
+CONTEXT_KEY: Final = web.AppKey("voices_context", VoicesContext)
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
@@ -78,7 +113,7 @@ def record_json(record: VoiceRecord) -> dict[str, Any]:
     }
 
 
-def _auth(state: GatewayState, request: web.Request, scope: str) -> Principal | web.Response:
+def _auth(state: VoicesContext, request: web.Request, scope: str) -> Principal | web.Response:
     try:
         return state.verify(token_from_request(request.headers, request.query), scope)
     except AuthError as exc:
@@ -87,7 +122,7 @@ def _auth(state: GatewayState, request: web.Request, scope: str) -> Principal | 
 
 
 async def list_voices(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
+    state = request.app[CONTEXT_KEY]
     who = _auth(state, request, READ_SCOPE)
     if isinstance(who, web.Response):
         return who
@@ -102,7 +137,7 @@ async def list_voices(request: web.Request) -> web.Response:
 
 
 async def get_voice(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
+    state = request.app[CONTEXT_KEY]
     who = _auth(state, request, READ_SCOPE)
     if isinstance(who, web.Response):
         return who
@@ -120,7 +155,7 @@ async def get_voice(request: web.Request) -> web.Response:
 
 
 async def delete_voice(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
+    state = request.app[CONTEXT_KEY]
     who = _auth(state, request, WRITE_SCOPE)
     if isinstance(who, web.Response):
         return who
@@ -301,7 +336,7 @@ async def _receive(request: web.Request, spool: _Spool) -> dict[str, str]:
     return fields
 
 
-def _refused(state: GatewayState, exc: _Refusal) -> web.Response:
+def _refused(state: VoicesContext, exc: _Refusal) -> web.Response:
     state.metrics.errors.labels(code=exc.code).inc()
     response = _error(exc.status, exc.code, exc.message)
     if exc.close:
@@ -309,7 +344,7 @@ def _refused(state: GatewayState, exc: _Refusal) -> web.Response:
     return response
 
 
-def _too_many_uploads(state: GatewayState) -> web.Response:
+def _too_many_uploads(state: VoicesContext) -> web.Response:
     retry_after_ms = state.settings.retry_after_ms
     state.metrics.errors.labels(code=ErrorCode.TOO_MANY_UPLOADS).inc()
     return web.json_response(
@@ -328,7 +363,7 @@ def _too_many_uploads(state: GatewayState) -> web.Response:
 def _before_body(request: web.Request) -> Principal | web.Response:
     """The uploader, or the answer to give without reading the body: bad credentials
     (401/403), a ``Content-Length`` over the limit (413), not multipart (400)."""
-    state = request.app[STATE_KEY]
+    state = request.app[CONTEXT_KEY]
     who = _auth(state, request, WRITE_SCOPE)
     if isinstance(who, web.Response):
         return who
@@ -356,7 +391,7 @@ async def _expect_continue(request: web.Request) -> web.Response | None:
     checked = _before_body(request)
     if isinstance(checked, web.Response):
         return checked
-    state = request.app[STATE_KEY]
+    state = request.app[CONTEXT_KEY]
     if request.app[_UPLOAD_SLOTS_KEY].taken >= state.settings.max_uploads:
         return _too_many_uploads(state)
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -380,7 +415,7 @@ async def register_voice(request: web.Request) -> web.Response:
     who = _before_body(request)
     if isinstance(who, web.Response):
         return who
-    state = request.app[STATE_KEY]
+    state = request.app[CONTEXT_KEY]
     slots = request.app[_UPLOAD_SLOTS_KEY]
     if not slots.try_take(state.settings.max_uploads):
         return _too_many_uploads(state)
@@ -445,8 +480,10 @@ async def register_voice(request: web.Request) -> web.Response:
     return web.json_response(record_json(record), status=201)
 
 
-def add_routes(app: web.Application) -> None:
-    """Route ``/v1/voices``. The application must also hold :data:`UPLOAD_WORKERS_KEY`."""
+def add_routes(app: web.Application, context: VoicesContext) -> None:
+    """Route ``/v1/voices``, served from ``context``. The application must also hold
+    :data:`UPLOAD_WORKERS_KEY`."""
+    app[CONTEXT_KEY] = context
     app[_UPLOAD_SLOTS_KEY] = _UploadSlots()
     app.router.add_get("/v1/voices", list_voices)
     app.router.add_post("/v1/voices", register_voice, expect_handler=_expect_continue)

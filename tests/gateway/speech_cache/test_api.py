@@ -82,7 +82,7 @@ class World:
         app = web.Application()
         app[STATE_KEY] = state
         app[voices_api.UPLOAD_WORKERS_KEY] = UploadWorkers(1)
-        voices_api.add_routes(app)
+        voices_api.add_routes(app, state)
         api.add_routes(app, self.service)
 
         async def lifecycle(_app: web.Application) -> AsyncIterator[None]:

@@ -106,7 +106,7 @@ def make_app(tmp_path: Path, workers: UploadWorkers, **settings: Any) -> web.App
     app = web.Application()
     app[STATE_KEY] = state
     app[voices_api.UPLOAD_WORKERS_KEY] = workers
-    voices_api.add_routes(app)
+    voices_api.add_routes(app, state)
     return app
 
 
