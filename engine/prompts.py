@@ -117,6 +117,7 @@ class PromptService:
     async def _warm(
         self, send: Send, request_id: int, prompt: PromptRequest, owner: object
     ) -> None:
+        epoch = self._cache.epoch()  # its voice deleted from now on: nothing is stored
         try:
             prepared = await self._run(lambda: self.prepare(prompt))
             if not isinstance(prepared, PreparedPrompt):
@@ -129,7 +130,7 @@ class PromptService:
                 loop.call_soon_threadsafe(_settle, ended, outcome)
 
             request = WarmRequest(
-                request_id, owner, prepared.voice, prepared.texts, prepared.keys, done
+                request_id, owner, prepared.voice, prepared.texts, prepared.keys, done, epoch
             )
             if not self._scheduler.warm_prompt(request):
                 send(_failed(request_id, "overloaded", "too many prompts are being warmed"))
