@@ -543,7 +543,7 @@ class Scheduler:
         for job in list(self._warm):
             while not job.waiting and not job.finished and not job.checked:
                 key = job.request.keys[job.index]
-                if self._cache.get_local(key) is not None:
+                if self._cache.contains_local(key):  # not a call's lookup: not counted
                     job.next_segment()
                 elif self._cache.has_shared:
                     self._fetch_for_warm(job, key)

@@ -516,10 +516,13 @@ def test_a_warmed_prompt_plays_from_memory(make_rig):
     rig = make_rig()
     assert warm(rig, GREETING).wait(WAIT_S)
     assert rig.outcomes[0].error is None
+    assert warm(rig, GREETING).wait(WAIT_S)  # again: already cached
+    assert level(rig.cache, "memory") == (0, 0)  # warm-ups are not calls' lookups
     assert [rig.cache.levels_holding(k) for k in rig.outcomes[0].keys] == [("memory",)] * 2
     rig.open(1)
     _, audio = rig.say(1, GREETING)
     assert audio.cache == "hit"
+    assert level(rig.cache, "memory") == (2, 0)
 
 
 def test_warm_up_never_delays_a_call_s_first_audio(make_rig, monkeypatch):
