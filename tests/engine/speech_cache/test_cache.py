@@ -164,7 +164,7 @@ def test_a_voice_forgotten_after_its_stream_began_is_not_stored_again(tmp_path: 
         cache.put(builtin, make_segment(0.2), since=began)  # other voices are not affected
         assert cache.levels_holding(before) == ()
         assert cache.levels_holding(late) == ()
-        assert cache.levels_holding(builtin) == ("memory", "shared")
+        wait_for(lambda: cache.levels_holding(builtin) == ("memory", "shared"))
         again = cache.epoch()  # the voice registered again: a new call stores its speech
         cache.put(late, make_segment(0.2), since=again)
         assert "memory" in cache.levels_holding(late)
