@@ -26,7 +26,7 @@ from engine.backends.routing import BackendSet, RoutedVoice
 from engine.ipc.schema import Message, PromptRequest, PromptState, SegmentState
 from engine.scheduler import Scheduler
 from engine.scheduler.cache_keys import key_maker, prompt_segments
-from engine.scheduler.warm import WarmOutcome, WarmRequest
+from engine.scheduler.warm import MAX_WARM_JOBS, WarmOutcome, WarmRequest
 from engine.speech_cache import SegmentKey, SpeechCache
 from telephony.codecs.formats import ENGINE_RATES
 
@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 PROMPT_THREADS: Final = 4  # threads resolving prompts and asking the cache's levels
 MAX_PENDING_CHECKS: Final = 64  # CheckPrompt requests in progress at once; more: overloaded
+MAX_PENDING_WARMS: Final = MAX_WARM_JOBS  # WarmPrompt requests in progress; more: overloaded
+MAX_PENDING_FORGETS: Final = 1024  # distinct voices waiting to be forgotten; more: logged
 
 Send = Callable[[Message], None]
 T = TypeVar("T")
@@ -58,19 +60,30 @@ class PromptService:
         *,
         max_text_chars: int,
         max_pending_checks: int = MAX_PENDING_CHECKS,
+        max_pending_warms: int = MAX_PENDING_WARMS,
     ) -> None:
         self._backends = backends
         self._scheduler = scheduler
         self._cache = cache
         self._max_text_chars = max_text_chars
         self._max_pending_checks = max_pending_checks
+        self._max_pending_warms = max_pending_warms
         self._checks = 0
+        self._warms = 0
         self._executor = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="engine-prompts")
+        # Forgets on their own thread: one may wait seconds for the shared level (a Redis
+        # SCAN of every key), and checks and warm-ups must not queue behind it.
+        self._forget_executor = ThreadPoolExecutor(1, thread_name_prefix="engine-forget")
+        self._forgets: set[str] = set()  # voice digests waiting to be forgotten
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- messages (event loop) -----------------------------------------------------------
 
     def warm(self, send: Send, request_id: int, prompt: PromptRequest, owner: object) -> None:
+        if self._warms >= self._max_pending_warms:
+            send(_failed(request_id, "overloaded", "too many prompts are being warmed"))
+            return
+        self._warms += 1
         self._spawn(self._warm(send, request_id, prompt, owner))
 
     def check(self, send: Send, request_id: int, prompt: PromptRequest) -> None:
@@ -81,8 +94,13 @@ class PromptService:
         self._spawn(self._check(send, request_id, prompt))
 
     def forget(self, voice_digest: str) -> None:
-        if self._cache.enabled:
-            self._spawn(self._forget(voice_digest))
+        if not self._cache.enabled or voice_digest in self._forgets:
+            return  # the same voice waits to be forgotten already
+        if len(self._forgets) >= MAX_PENDING_FORGETS:
+            log.error("speech cache: too many voices being forgotten; %s is not", voice_digest)
+            return
+        self._forgets.add(voice_digest)
+        self._spawn(self._forget(voice_digest))
 
     async def close(self) -> None:
         tasks = list(self._tasks)
@@ -90,6 +108,7 @@ class PromptService:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._forget_executor.shutdown(wait=False, cancel_futures=True)
 
     # --- work ------------------------------------------------------------------------------
 
@@ -118,6 +137,15 @@ class PromptService:
         self, send: Send, request_id: int, prompt: PromptRequest, owner: object
     ) -> None:
         try:
+            await self._warm_one(send, request_id, prompt, owner)
+        finally:
+            self._warms -= 1
+
+    async def _warm_one(
+        self, send: Send, request_id: int, prompt: PromptRequest, owner: object
+    ) -> None:
+        epoch = self._cache.epoch()  # its voice deleted from now on: nothing is stored
+        try:
             prepared = await self._run(lambda: self.prepare(prompt))
             if not isinstance(prepared, PreparedPrompt):
                 send(_failed(request_id, *prepared))
@@ -129,7 +157,7 @@ class PromptService:
                 loop.call_soon_threadsafe(_settle, ended, outcome)
 
             request = WarmRequest(
-                request_id, owner, prepared.voice, prepared.texts, prepared.keys, done
+                request_id, owner, prepared.voice, prepared.texts, prepared.keys, done, epoch
             )
             if not self._scheduler.warm_prompt(request):
                 send(_failed(request_id, "overloaded", "too many prompts are being warmed"))
@@ -144,10 +172,17 @@ class PromptService:
             send(_failed(request_id, "engine_error", "the prompt could not be warmed"))
 
     async def _forget(self, voice_digest: str) -> None:
+        def forget() -> None:  # on the forget thread
+            self._forgets.discard(voice_digest)  # from now on, another ForgetVoice counts
+            self._cache.forget_voice(voice_digest)
+
+        loop = asyncio.get_running_loop()
         try:
-            await self._run(lambda: self._cache.forget_voice(voice_digest))
+            await loop.run_in_executor(self._forget_executor, forget)
         except Exception:
             log.exception("ForgetVoice failed")
+        finally:
+            self._forgets.discard(voice_digest)
 
     async def _state(
         self, request_id: int, texts: tuple[str, ...], keys: tuple[SegmentKey, ...]

@@ -271,6 +271,7 @@ class Scheduler:
         )
         if self._cache.enabled:
             stream.keys = key_maker(voice, voice.handle, None, sample_rate)
+            stream.cache_epoch = self._cache.epoch()  # its voice deleted later: not stored
         if self._tap_directory:
             name = f"{time.time_ns()}-slot{slot}-stream{stream_id}-{sample_rate}hz.pcm"
             stream.tap = open(os.path.join(self._tap_directory, name), "wb")  # noqa: SIM115
@@ -428,8 +429,18 @@ class Scheduler:
                 self._output.words(stream, utterance, segment.offset_ms, words, "engine")
         utterance.words_ms = segment.offset_ms + duration_ms(samples, stream.sample_rate)
         record, stream.record = stream.record, None
-        if record is not None and segment.key is not None and record.key == segment.key:
-            self._cache.put(segment.key, CachedSegment(bytes(record.pcm), words))
+        # A cancel bumps the generation before its command comes: a worker that saw the
+        # bump stopped mid-segment, and its batch may end before the command is applied.
+        # Such a segment is cut short, never stored.
+        cancelled = self._generations.current(stream.slot) != stream.generation
+        if (
+            record is not None
+            and segment.key is not None
+            and record.key == segment.key
+            and not cancelled
+        ):
+            cached = CachedSegment(bytes(record.pcm), words)
+            self._cache.put(segment.key, cached, since=stream.cache_epoch)
 
     # --- the speech cache ----------------------------------------------------------------
 
@@ -532,7 +543,7 @@ class Scheduler:
         for job in list(self._warm):
             while not job.waiting and not job.finished and not job.checked:
                 key = job.request.keys[job.index]
-                if self._cache.get_local(key) is not None:
+                if self._cache.contains_local(key):  # not a call's lookup: not counted
                     job.next_segment()
                 elif self._cache.has_shared:
                     self._fetch_for_warm(job, key)
@@ -620,7 +631,7 @@ class Scheduler:
         if timed is None:
             span = len(pcm) // 2 / key.sample_rate
             timed = relative_words(estimate_words(job.request.texts[job.index], span))
-        self._cache.put(key, CachedSegment(pcm, timed))
+        self._cache.put(key, CachedSegment(pcm, timed), since=job.request.epoch)
         job.next_segment()
 
     def _dispatch_warm(self, lane: Lane, pool: WorkerPool) -> None:

@@ -84,6 +84,7 @@ class Stream:
     busy: bool = False  # a segment of it is with a lane's worker
     fetching: int = 0  # the token of its speech-cache lookup in the shared level (0: none)
     keys: KeyMaker | None = None  # its voice's speech-cache keys (None: not cached)
+    cache_epoch: int = 0  # the speech cache's epoch when it opened (SpeechCache.epoch)
     record: SegmentRecord | None = None  # the segment in synthesis, kept for the cache
     busy_until: float = 0.0  # when that segment is expected done (monotonic)
     busy_audio_s: float = 0.0  # and the audio it is expected to give

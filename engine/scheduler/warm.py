@@ -44,6 +44,9 @@ class WarmRequest:
     texts: tuple[str, ...]
     keys: tuple[SegmentKey, ...]
     done: Callable[[WarmOutcome], None]
+    #: The speech cache's epoch when it was asked for (SpeechCache.epoch): a voice
+    #: forgotten since is not stored. None: not checked.
+    epoch: int | None = None
 
 
 @dataclass(eq=False)

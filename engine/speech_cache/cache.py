@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 
 from engine.ipc.schema import CacheLevelStats, SpeechCacheStats
@@ -20,6 +21,10 @@ log = logging.getLogger(__name__)
 
 Done = Callable[[SegmentKey, CachedSegment | None], None]
 
+#: Voices forgotten lately, remembered so that a stream (or warm-up) that began before a
+#: voice was forgotten cannot store its speech again afterwards (``put(since=...)``).
+MAX_FORGOTTEN = 4096
+
 
 class SpeechCache:
     """Segments by key in an in-process LRU ("memory") and an optional shared level
@@ -34,7 +39,8 @@ class SpeechCache:
         self._memory = memory if self.enabled else None
         self._shared = shared if self.has_shared else None
         self._memory_counts = LookupCounts()
-        self._forgets = 0  # bumped by forget_voice: a lookup started before fills nothing
+        self._forgets = 0  # bumped by forget_voice (the cache's epoch)
+        self._forgotten: OrderedDict[str, int] = OrderedDict()  # voice digest -> epoch
         self._lock = threading.Lock()
 
     @classmethod
@@ -57,6 +63,25 @@ class SpeechCache:
         use for the LRU (for warm-up checks, which are not calls). Never blocks on I/O."""
         return self._memory is not None and self._memory.contains(key.digest())
 
+    def epoch(self) -> int:
+        """How many voices were forgotten so far. Taken when a stream opens (or a warm-up
+        is asked for) and given back to :meth:`put` as ``since``: a segment of a voice
+        forgotten after that is not stored (the stream began before the deletion)."""
+        with self._lock:
+            return self._forgets
+
+    def _forgotten_since(self, voice_digest: str, since: int) -> bool:
+        """Whether ``voice_digest`` was forgotten after epoch ``since`` (caller holds the
+        lock). Past :data:`MAX_FORGOTTEN` voices, an epoch too old to tell counts as
+        forgotten."""
+        if not voice_digest:
+            return False
+        forgotten = self._forgotten.get(voice_digest)
+        if forgotten is not None:
+            return forgotten > since
+        oldest = next(iter(self._forgotten.values()), None)
+        return len(self._forgotten) >= MAX_FORGOTTEN and oldest is not None and since < oldest
+
     def fetch(self, key: SegmentKey, done: Done) -> None:
         """Look in the shared level on the I/O thread; ``done(key, segment or None)`` is
         called once from that thread (a hit fills the memory level first), or at once on
@@ -67,18 +92,22 @@ class SpeechCache:
             return
         digest = key.digest()
         memory = self._memory
-        forgets = self._forgets
+        since = self.epoch()
 
         def answer(segment: CachedSegment | None) -> None:
-            if segment is not None and self._forgets == forgets:
-                memory.put(digest, key.voice_digest, segment)
+            if segment is not None:
+                with self._lock:  # not refilled by a lookup begun before a forget
+                    if not self._forgotten_since(key.voice_digest, since):
+                        memory.put(digest, key.voice_digest, segment)
             done(key, segment)
 
         self._shared.lookup(key, digest, answer)
 
-    def put(self, key: SegmentKey, segment: CachedSegment) -> None:
+    def put(self, key: SegmentKey, segment: CachedSegment, *, since: int | None = None) -> None:
         """Keep ``segment`` in memory now and queue it for the shared level; never blocks.
-        A segment too large to cache (over ~30 s at 48 kHz) is skipped."""
+        A segment too large to cache (over ~30 s at 48 kHz) is skipped, and so is one of a
+        voice forgotten after epoch ``since`` (:meth:`epoch`, taken when its stream began).
+        """
         if self._memory is None:
             return
         try:
@@ -87,9 +116,13 @@ class SpeechCache:
             log.debug("speech cache: not caching a segment: %s", exc)
             return
         digest = key.digest()
-        self._memory.put(digest, key.voice_digest, segment)
-        if self._shared is not None:
-            self._shared.write(key, digest, segment)
+        with self._lock:  # a forget_voice either sees this entry or refuses it
+            if since is not None and self._forgotten_since(key.voice_digest, since):
+                log.debug("speech cache: not caching a segment of a forgotten voice")
+                return
+            self._memory.put(digest, key.voice_digest, segment)
+            if self._shared is not None:
+                self._shared.write(key, digest, segment)  # queued before a later forget
 
     def levels_holding(self, key: SegmentKey) -> tuple[str, ...]:
         """The levels holding ``key``: a subset of ("memory", "shared"). May block up to
@@ -107,10 +140,14 @@ class SpeechCache:
     def forget_voice(self, voice_digest: str) -> None:
         """Remove every entry of ``voice_digest`` from every level (blocks briefly: the
         shared level's removal runs after the writes queued before it, up to 5 s)."""
-        if self._memory is None:
-            return
+        if self._memory is None or not voice_digest:
+            return  # "" is every built-in voice: never forgotten
         with self._lock:
             self._forgets += 1
+            self._forgotten[voice_digest] = self._forgets
+            self._forgotten.move_to_end(voice_digest)
+            while len(self._forgotten) > MAX_FORGOTTEN:
+                self._forgotten.popitem(last=False)
         self._memory.forget_voice(voice_digest)
         if self._shared is not None and not self._shared.forget_voice(voice_digest):
             log.warning("speech cache: the shared level may still hold a forgotten voice")

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,9 @@ from engine.ipc.schema import PromptRequest, PromptState
 from engine.ipc.shm import SharedRegion, SlotArena
 from engine.server import EngineLayout, EngineServer
 from engine.speech_cache import SpeechCache, SpeechCacheSettings, open_speech_cache
+from engine.speech_cache.directory import DirectoryStore
+from engine.speech_cache.memory import MemoryLevel
+from engine.speech_cache.shared import SharedLevel
 from tests.engine.test_server_client import Listener, LoudnessVad, _socket_path, open_stream, until
 
 OUT_RING = 256 * 1024
@@ -193,3 +197,46 @@ async def test_cache_off_and_uncached_voices_are_codes(start_engine):
     assert [event.cache for event in listener.audio] == [""]
     uncached = await start_engine(backend=Uncached())
     assert (await uncached.client.check_prompt(prompt())).code == "not_cacheable"
+
+
+async def test_warm_prompts_in_progress_are_bounded(start_engine, monkeypatch):
+    """WarmPrompt requests beyond the service's bound are answered ``overloaded`` at once
+    (not queued as tasks without end)."""
+    monkeypatch.setenv("ENGINE_SYNTHETIC_FIRST_CHUNK_MS", "400")
+    engine = await start_engine()
+    engine.server.prompts._max_pending_warms = 1
+    client = engine.client
+    first = asyncio.create_task(client.warm_prompt(prompt("One slow prompt."), timeout=10))
+    await asyncio.sleep(0.05)
+    second = await client.warm_prompt(prompt("Another prompt."), timeout=0.3)
+    assert second.code == "overloaded"
+    assert (await first).code == ""
+    assert (await client.warm_prompt(prompt("Another prompt."), timeout=10)).code == ""
+
+
+class SlowForgetStore(DirectoryStore):
+    """A directory whose forget_voice hangs until ``go`` is set (a Redis SCAN of a big
+    keyspace, a slow disk)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, budget_bytes=1 << 30, ttl_s=3600)
+        self.go = threading.Event()
+
+    def forget_voice(self, voice_digest: str) -> int:
+        self.go.wait(10)
+        return super().forget_voice(voice_digest)
+
+
+async def test_slow_forgets_do_not_hold_up_prompt_checks(start_engine, tmp_path):
+    store = SlowForgetStore(tmp_path / "slow")
+    cache = SpeechCache(MemoryLevel(1 << 20), SharedLevel(store, timeout_s=0.05), enabled=True)
+    engine = await start_engine(cache=cache)
+    client = engine.client
+    try:
+        for i in range(6):
+            client.forget_voice(f"{i:02d}" * 32)
+        await asyncio.sleep(0.1)
+        state = await client.check_prompt(prompt(), timeout=2.0)
+        assert levels(state) == [(), ()]
+    finally:
+        store.go.set()

@@ -5,6 +5,7 @@ them, never enter a lane, and a down shared level only costs synthesis."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import shutil
@@ -515,10 +516,13 @@ def test_a_warmed_prompt_plays_from_memory(make_rig):
     rig = make_rig()
     assert warm(rig, GREETING).wait(WAIT_S)
     assert rig.outcomes[0].error is None
+    assert warm(rig, GREETING).wait(WAIT_S)  # again: already cached
+    assert level(rig.cache, "memory") == (0, 0)  # warm-ups are not calls' lookups
     assert [rig.cache.levels_holding(k) for k in rig.outcomes[0].keys] == [("memory",)] * 2
     rig.open(1)
     _, audio = rig.say(1, GREETING)
     assert audio.cache == "hit"
+    assert level(rig.cache, "memory") == (2, 0)
 
 
 def test_warm_up_never_delays_a_call_s_first_audio(make_rig, monkeypatch):
@@ -576,3 +580,93 @@ def test_keys_of_a_stream_and_of_a_prompt_agree_on_the_rate(make_rig):
 
 def test_no_shared_directory_is_left_behind_by_these_tests(tmp_path):
     assert os.environ.get("ENGINE_SPEECH_CACHE") == "0"  # tests/conftest.py
+
+
+class PausedTones(BatchTones):
+    """BatchTones that stops after its first chunk until ``go`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+        self.go = threading.Event()
+
+    def synthesize(self, text: str, voice: object, emit: EmitFn) -> None:
+        first = True
+
+        def paced(chunk: PcmChunk) -> bool:
+            nonlocal first
+            if not first:
+                self.go.wait(WAIT_S)
+            first = False
+            self.started.set()
+            return emit(chunk)
+
+        super().synthesize(text, voice, paced)
+
+
+def test_a_segment_cut_by_a_cancel_is_not_stored_before_the_cancel_is_applied(make_rig):
+    """Scheduler.cancel bumps the slot's generation, then queues its command: a worker that
+    sees the bump stops mid-segment, and its batch's end may reach the coordinator before
+    the command does. That cut segment must not be stored (every later caller would hear
+    it cut)."""
+    backend = PausedTones()
+    rig = make_rig(backend)
+    rig.open(1)
+    scheduler = rig.scheduler
+    commands = scheduler._commands
+    put = commands.put
+    release = threading.Event()
+
+    def slow_put(item: object) -> None:
+        if type(item).__name__ == "_Cancel":
+            release.wait(WAIT_S)  # the loop thread is descheduled between bump and put
+        put(item)
+
+    commands.put = slow_put
+    scheduler.speak(1, 1, "Welcome to Acme Bank.", True)
+    assert backend.started.wait(WAIT_S)
+    canceller = threading.Thread(target=scheduler.cancel, args=(1,))
+    canceller.start()
+    deadline = time.monotonic() + WAIT_S
+    while scheduler._generations.current(1) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    backend.go.set()  # the worker sees the bump, stops, and its batch ends
+    deadline = time.monotonic() + WAIT_S
+    while scheduler._pools and any(lane.in_flight for lane in scheduler._lanes.values()):
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    time.sleep(0.05)  # the coordinator took the batch's end
+    routed = rig.backends.resolve_voice(VoiceSettings("en-us"))
+    keys = key_maker(routed, routed.handle, None, RATE)
+    assert keys is not None
+    key = keys.key("Welcome to Acme Bank.")
+    stored = rig.cache.contains_local(key)
+    release.set()
+    canceller.join(WAIT_S)
+    assert not stored, "a segment cut by a cancel was stored"
+    rig.open(2)
+    pcm, audio = rig.say(2, "Welcome to Acme Bank.")
+    assert audio.cache == "miss"
+    assert len(pcm) == int(len("Welcome to Acme Bank.") * 0.06 * 16000) // 2 * 2
+
+
+def test_a_voice_deleted_during_a_call_is_not_stored_by_that_call(make_rig):
+    """ForgetVoice while a call of that voice is synthesizing: the call goes on, but what
+    it synthesizes is not stored again; a call opened afterwards (the voice registered
+    again with the same features) stores its speech as usual."""
+    backend = PausedTones()
+    profile = backend.prepare_voice(
+        (8000 * np.sin(2 * np.pi * 300 * np.arange(16000) / 16000)).astype("<i2").tobytes(),
+        None,
+    )
+    rig = make_rig(backend)
+    rig.open(1, profile=profile)
+    rig.scheduler.speak(1, 1, "Welcome to Acme Bank.", True)
+    assert backend.started.wait(WAIT_S)
+    rig.cache.forget_voice(hashlib.sha256(profile).hexdigest())  # the voice was deleted
+    backend.go.set()
+    rig.events.wait_kind(UtteranceEnd, 1)
+    rig.open(2, profile=profile)
+    assert rig.say(2, "Welcome to Acme Bank.")[1].cache == "miss"
+    rig.open(3, profile=profile)
+    assert rig.say(3, "Welcome to Acme Bank.")[1].cache == "hit"

@@ -142,3 +142,43 @@ def test_unusable_directory_leaves_the_memory_level(tmp_path: Path) -> None:
         assert cache.levels_holding(make_key()) == ("memory",)
     finally:
         cache.close()
+
+
+def test_a_voice_forgotten_after_its_stream_began_is_not_stored_again(tmp_path: Path) -> None:
+    """A call that began before its voice was deleted keeps speaking it: what it
+    synthesizes after the deletion (put with the epoch taken when it began) is not stored
+    in any level; a stream that begins after it (the voice registered again) is."""
+    cache = open_speech_cache(SpeechCacheSettings(shared="directory", directory=str(tmp_path)))
+    try:
+        cloned = "ab" * 32
+        before, late = (
+            make_key("Before.", voice_digest=cloned),
+            make_key("Late.", voice_digest=cloned),
+        )
+        began = cache.epoch()
+        cache.put(before, make_segment(0.2), since=began)
+        wait_for(lambda: "shared" in cache.levels_holding(before))
+        cache.forget_voice(cloned)
+        cache.put(late, make_segment(0.2), since=began)  # the old call, after the deletion
+        builtin = make_key("Late.")
+        cache.put(builtin, make_segment(0.2), since=began)  # other voices are not affected
+        assert cache.levels_holding(before) == ()
+        assert cache.levels_holding(late) == ()
+        wait_for(lambda: cache.levels_holding(builtin) == ("memory", "shared"))
+        again = cache.epoch()  # the voice registered again: a new call stores its speech
+        cache.put(late, make_segment(0.2), since=again)
+        assert "memory" in cache.levels_holding(late)
+    finally:
+        cache.close()
+
+
+def test_forgetting_the_empty_digest_keeps_the_built_in_voices(tmp_path: Path) -> None:
+    cache = open_speech_cache(SpeechCacheSettings(shared="directory", directory=str(tmp_path)))
+    try:
+        key = make_key()  # a built-in voice: voice digest ""
+        cache.put(key, make_segment(0.2))
+        wait_for(lambda: "shared" in cache.levels_holding(key))
+        cache.forget_voice("")
+        assert cache.levels_holding(key) == ("memory", "shared")
+    finally:
+        cache.close()
