@@ -67,12 +67,19 @@ class AdmissionGate:
         self._publish()
         return admitted
 
-    def first_audio(self, ticket: Ticket) -> None:
-        """The engine produced the ticket's first audio: one less in flight."""
+    def first_audio(self, ticket: Ticket, *, synthesized: bool = True) -> None:
+        """The engine produced the ticket's first audio: one less in flight.
+
+        ``synthesized`` False: it came from the speech cache. Its latency is still
+        counted in the engine's first-audio histogram but not by the controller, whose
+        median and throughput measure synthesis: a host serving cached greetings in
+        milliseconds must neither look healthy while synthesis is slow nor be credited
+        with a pace its synthesis does not have."""
         if ticket.dispatched_at is not None and not ticket.closed:
             now = self._clock()
             latency = now - ticket.dispatched_at
-            self.controller.observe_latency(latency, now)
+            if synthesized:
+                self.controller.observe_latency(latency, now)
             self._metrics.engine_first_audio.observe(latency)
         self.close(ticket)
 
@@ -157,11 +164,12 @@ class UtteranceAdmission:
         ticket = self._tickets.get(seq)
         return None if ticket is None else ticket.submitted_at
 
-    def first_audio(self, seq: int) -> None:
-        """The engine produced ``seq``'s first audio (one less in flight at the gate)."""
+    def first_audio(self, seq: int, cache: str = "") -> None:
+        """The engine produced ``seq``'s first audio (one less in flight at the gate);
+        ``cache`` is :attr:`UtteranceAudio.cache` ("hit": from the speech cache)."""
         ticket = self._tickets.get(seq)
         if ticket is not None and self._gate is not None:
-            self._gate.first_audio(ticket)
+            self._gate.first_audio(ticket, synthesized=cache != "hit")
 
     def close(self, seq: int) -> None:
         """``seq`` finished, failed or was dropped."""

@@ -660,7 +660,7 @@ class Session:
     # --- engine events (StreamListener) -------------------------------------------------
 
     def on_utterance_audio(self, event: UtteranceAudio) -> None:
-        self._admission.first_audio(event.utterance)
+        self._admission.first_audio(event.utterance, event.cache)
         if self.playback is not None:
             self.playback.on_audio(event.utterance, event.start_pos, self._clock(), event.cache)
             self._pacer.wake(self)
