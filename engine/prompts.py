@@ -36,6 +36,7 @@ PROMPT_THREADS: Final = 4  # threads resolving prompts and asking the cache's le
 MAX_PENDING_CHECKS: Final = 64  # CheckPrompt requests in progress at once; more: overloaded
 MAX_PENDING_WARMS: Final = MAX_WARM_JOBS  # WarmPrompt requests in progress; more: overloaded
 MAX_PENDING_FORGETS: Final = 1024  # distinct voices waiting to be forgotten; more: logged
+CLOSE_TIMEOUT_S: Final = 5.0  # how long close() waits for a thread still in a cache level
 
 Send = Callable[[Message], None]
 T = TypeVar("T")
@@ -107,8 +108,23 @@ class PromptService:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._forget_executor.shutdown(wait=False, cancel_futures=True)
+        executors = (self._executor, self._forget_executor)
+        for executor in executors:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+        def join() -> None:
+            for executor in executors:
+                executor.shutdown(wait=True)
+
+        # A thread can be inside a cache level (each call there is bounded by its
+        # timeouts): wait for it off the loop, at most CLOSE_TIMEOUT_S.
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await asyncio.to_thread(join)
+        except TimeoutError:
+            log.warning(
+                "speech cache: a prompt thread still runs %.0f s after close", CLOSE_TIMEOUT_S
+            )
 
     # --- work ------------------------------------------------------------------------------
 

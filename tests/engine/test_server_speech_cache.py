@@ -33,6 +33,7 @@ from tests.engine.test_server_client import Listener, LoudnessVad, _socket_path,
 OUT_RING = 256 * 1024
 IN_RING = 8 * 1024
 GREETING = "Welcome to Acme Bank. Your call is important to us."
+PROMPT_THREADS = ("engine-prompts", "engine-forget")  # engine/prompts.py's thread names
 
 
 class Uncached(SyntheticBackend):
@@ -93,6 +94,8 @@ async def start_engine(tmp_path: Path) -> AsyncIterator[StartEngine]:
         if short is not None:
             with contextlib.suppress(OSError):
                 os.rmdir(short)
+    left = [t.name for t in threading.enumerate() if t.name.startswith(PROMPT_THREADS)]
+    assert left == [], f"prompt threads still running after the engines stopped: {left}"
 
 
 def prompt(text: str = GREETING, **fields: object) -> PromptRequest:
@@ -104,6 +107,9 @@ def prompt(text: str = GREETING, **fields: object) -> PromptRequest:
 def levels(state: PromptState) -> list[tuple[str, ...]]:
     assert state.code == "", (state.code, state.message)
     return [segment.levels for segment in state.segments]
+
+
+PROMPT_THREADS = ("engine-prompts", "engine-forget")
 
 
 async def check_until(
