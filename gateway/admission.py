@@ -100,12 +100,16 @@ class AdmissionController:
 
     # --- decisions --------------------------------------------------------------------
 
-    def submit(self, item: Hashable, now: float) -> bool:
+    def submit(self, item: Hashable, now: float, *, at_once: bool = False) -> bool:
         """True: dispatch ``item`` now. False: it was queued (call :meth:`ready` later).
+
+        ``at_once``: ``item`` is expected to cost the engine no synthesis (a likely
+        speech-cache hit): it goes now, ahead of what waits, and counts in flight until
+        its first audio like any other.
 
         Raises :class:`QueueFull` when it can neither go nor wait.
         """
-        if not self._queue and len(self._in_flight) < self.concurrency_limit:
+        if at_once or (not self._queue and len(self._in_flight) < self.concurrency_limit):
             self._in_flight.add(item)
             return True
         if len(self._queue) >= self.settings.max_queue:

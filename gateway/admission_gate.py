@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.admission import AdmissionController, AdmissionSettings, QueueFull
+from gateway.likely_hits import LikelyHits
 from gateway.metrics import GatewayMetrics
 
 __all__ = ["AdmissionGate", "QueueFull", "Ticket", "UtteranceAdmission"]
@@ -29,6 +30,7 @@ class Ticket:
     submitted_at: float = 0.0
     dispatched_at: float | None = None
     closed: bool = field(default=False)
+    cache_key: str | None = None  # gateway.likely_hits's key, when known
 
 
 class AdmissionGate:
@@ -39,8 +41,10 @@ class AdmissionGate:
         *,
         poll_s: float = 0.02,
         clock: Callable[[], float] = time.monotonic,
+        likely_hits: LikelyHits | None = None,
     ) -> None:
         self.controller = AdmissionController(settings)
+        self.likely_hits = likely_hits if likely_hits is not None else LikelyHits(clock=clock)
         self._metrics = metrics
         self._poll_s = poll_s
         self._clock = clock
@@ -61,24 +65,28 @@ class AdmissionGate:
         """True: send now. False: queued. Raises :class:`QueueFull`."""
         now = self._clock()
         ticket.submitted_at = now
-        admitted = self.controller.submit(ticket, now)
+        likely_hit = ticket.cache_key is not None and self.likely_hits.likely(ticket.cache_key)
+        admitted = self.controller.submit(ticket, now, at_once=likely_hit)
         if admitted:
             ticket.dispatched_at = now
         self._publish()
         return admitted
 
-    def first_audio(self, ticket: Ticket, *, synthesized: bool = True) -> None:
+    def first_audio(self, ticket: Ticket, cache: str = "") -> None:
         """The engine produced the ticket's first audio: one less in flight.
 
-        ``synthesized`` False: it came from the speech cache. Its latency is still
+        ``cache`` "hit": it came from the speech cache. Its latency is still
         counted in the engine's first-audio histogram but not by the controller, whose
         median and throughput measure synthesis: a host serving cached greetings in
         milliseconds must neither look healthy while synthesis is slow nor be credited
-        with a pace its synthesis does not have."""
+        with a pace its synthesis does not have. The answer also teaches
+        :attr:`likely_hits` (the next utterance of the same key skips the queue on a hit)."""
+        if ticket.cache_key is not None:
+            self.likely_hits.observe(ticket.cache_key, cache)
         if ticket.dispatched_at is not None and not ticket.closed:
             now = self._clock()
             latency = now - ticket.dispatched_at
-            if synthesized:
+            if cache != "hit":
                 self.controller.observe_latency(latency, now)
             self._metrics.engine_first_audio.observe(latency)
         self.close(ticket)
@@ -137,12 +145,16 @@ class UtteranceAdmission:
         self._tickets: dict[int, Ticket] = {}
         self._held: dict[int, list[tuple[str, bool, bool]]] = {}
 
-    def admit(self, seq: int, utterance_id: str) -> None:
-        """Ask the gate for utterance ``seq``; raises :class:`QueueFull`."""
+    def admit(self, seq: int, utterance_id: str, cache_key: str | None = None) -> None:
+        """Ask the gate for utterance ``seq``; raises :class:`QueueFull`. ``cache_key``
+        (:func:`gateway.likely_hits.likely_hit_key`): a likely speech-cache
+        hit is dispatched at once."""
         if self._gate is None:
             return
         ticket = Ticket(
-            release=lambda: self._release(seq), expire=lambda: self._expire(seq, utterance_id)
+            release=lambda: self._release(seq),
+            expire=lambda: self._expire(seq, utterance_id),
+            cache_key=cache_key,
         )
         if not self._gate.submit(ticket):
             self._held[seq] = []
@@ -169,7 +181,7 @@ class UtteranceAdmission:
         ``cache`` is :attr:`UtteranceAudio.cache` ("hit": from the speech cache)."""
         ticket = self._tickets.get(seq)
         if ticket is not None and self._gate is not None:
-            self._gate.first_audio(ticket, synthesized=cache != "hit")
+            self._gate.first_audio(ticket, cache)
 
     def close(self, seq: int) -> None:
         """``seq`` finished, failed or was dropped."""

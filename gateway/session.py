@@ -39,6 +39,7 @@ from gateway.admission_gate import AdmissionGate, QueueFull, UtteranceAdmission
 from gateway.errors import CloseCode, ErrorCode, IllegalTransition, ProtocolViolation, SessionError
 from gateway.events import BargeIn, Cleared, ErrorEvent, Ready, SessionEvent, Word
 from gateway.formats import AudioFormat, FrameEncoder
+from gateway.likely_hits import likely_hit_key
 from gateway.metrics import GatewayMetrics
 from gateway.playback import FrameStatus, Playback
 from gateway.tenant_quota import UNASSIGNED, TenantQuota
@@ -368,7 +369,7 @@ class Session:
                     ErrorCode.INVALID_MESSAGE, "utterance_id is already queued", None, utterance_id
                 )
             target = _OpenUtterance(next(self._seq), utterance_id, 0)
-            self._admit(target.seq, utterance_id)
+            self._admit(target.seq, utterance_id, self._likely_hit_key(text, instruct))
             if instruct:
                 self._instructs[target.seq] = instruct
             playback.enqueue_utterance(target.seq, utterance_id, self._clock())
@@ -391,10 +392,16 @@ class Session:
             self._buffer_deadline(target.seq)
         return target.utterance_id
 
-    def _admit(self, seq: int, utterance_id: str) -> None:
+    def _likely_hit_key(self, text: str, instruct: str | None) -> str | None:
+        options = self.options
+        if options is None or not text:
+            return None
+        return likely_hit_key(options.voice, options.speed, instruct, text)
+
+    def _admit(self, seq: int, utterance_id: str, cache_key: str | None = None) -> None:
         """Ask the admission gate for ``seq``; raises ``overloaded`` if it cannot wait."""
         try:
-            self._admission.admit(seq, utterance_id)
+            self._admission.admit(seq, utterance_id, cache_key)
         except QueueFull:
             self._metrics.golden_errors.labels(type="overloaded").inc()
             raise SessionError(

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.admission import AdmissionSettings
-from gateway.admission_gate import AdmissionGate, UtteranceAdmission
+from gateway.admission_gate import AdmissionGate, Ticket, UtteranceAdmission
+from gateway.likely_hits import LikelyHits, likely_hit_key
 from gateway.metrics import GatewayMetrics
 
 
@@ -69,3 +70,53 @@ def test_a_hit_still_frees_its_place_in_flight() -> None:
     assert gate.controller.in_flight == 1
     admission.first_audio(1, "hit")
     assert gate.controller.in_flight == 0
+
+
+def _degraded_with_a_queue(clock: Clock) -> tuple[AdmissionGate, UtteranceAdmission]:
+    """A gate whose synthesis is slow (2 s median) with one utterance in flight and one
+    waiting: the concurrency limit is reached."""
+    gate = AdmissionGate(AdmissionSettings(min_samples=5), GatewayMetrics(), clock=clock)
+    admission = _session(gate)
+    for seq in range(5):
+        _speak(admission, clock, seq, 2.0, "miss")
+    assert gate.controller.degraded
+    admission.admit(100, "busy")
+    admission.admit(101, "waiting")
+    assert admission.holding(101)
+    return gate, admission
+
+
+def test_a_likely_hit_skips_the_queue_and_a_miss_forgets_it() -> None:
+    clock = Clock()
+    gate, admission = _degraded_with_a_queue(clock)
+    greeting = likely_hit_key("en-us-joe", 1.0, None, "Thank you for calling Acme Bank.")
+    admission.admit(200, "greeting-1", greeting)
+    assert admission.holding(200)  # nothing known yet: it waits like the others
+    gate.first_audio(gate_ticket(admission, 200), "hit")  # (released later, served: a hit)
+    admission.admit(201, "greeting-2", greeting)
+    assert not admission.holding(201)  # the engine served it from its cache last time
+    assert admission.holding(101)  # what waited still waits (it is synthesis)
+    admission.first_audio(201, "miss")  # evicted since: synthesized
+    admission.admit(202, "greeting-3", greeting)
+    assert admission.holding(202)
+    other = likely_hit_key("en-us-joe", 1.25, None, "Thank you for calling Acme Bank.")
+    admission.admit(203, "faster", other)
+    assert admission.holding(203)  # another speed is another recording
+
+
+def test_likely_hits_are_bounded_and_age() -> None:
+    clock = Clock()
+    hits = LikelyHits(capacity=2, ttl_s=60.0, clock=clock)
+    for key in ("a", "b", "c"):
+        hits.observe(key, "hit")
+    assert len(hits) == 2 and not hits.likely("a") and hits.likely("b") and hits.likely("c")
+    clock.now += 61
+    assert not hits.likely("b")
+    hits.observe("c", "")  # an engine without a cache says nothing: forgotten
+    assert not hits.likely("c") and len(hits) == 0
+    with pytest.raises(ValueError):
+        LikelyHits(capacity=0)
+
+
+def gate_ticket(admission: UtteranceAdmission, seq: int) -> Ticket:
+    return admission._tickets[seq]

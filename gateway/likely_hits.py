@@ -1,0 +1,69 @@
+"""Which utterances the engine's speech cache is likely to serve: the gateway's guess,
+learned from the engine's own answers (``UtteranceAudio.cache``).
+
+The admission gate queues new utterances while the engine's synthesis is slow
+(:mod:`gateway.admission`). An utterance the engine will answer from its speech cache
+costs no synthesis and is served in milliseconds, so it should not wait behind
+synthesis at the gateway either (issue 27, item 5); but whether it hits is known only
+once the engine has answered. This keeps, per gateway worker, the utterances (voice,
+speed, instruction and first text) whose last first audio was a hit: the next one with
+the same key is dispatched at once. A miss, or an engine without a cache, forgets the
+key, so a wrong guess costs one utterance's place in the queue, never more. Bounded
+(LRU, ``capacity`` keys) and aged (``ttl_s``). The guess changes only when an utterance
+is dispatched, never what it sounds like.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Final
+
+DEFAULT_CAPACITY: Final = 4096
+DEFAULT_TTL_S: Final = 600.0
+
+
+def likely_hit_key(voice: str, speed: float, instruct: str | None, text: str) -> str:
+    """The key of an utterance as its first text reaches the gateway."""
+    raw = "\0".join((voice, f"{speed:.4f}", instruct or "", text))
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class LikelyHits:
+    def __init__(
+        self,
+        capacity: int = DEFAULT_CAPACITY,
+        ttl_s: float = DEFAULT_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if capacity < 1 or ttl_s <= 0:
+            raise ValueError("capacity must be at least 1 and ttl_s positive")
+        self._capacity = capacity
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._hits: OrderedDict[str, float] = OrderedDict()  # key -> when it last hit
+
+    def __len__(self) -> int:
+        return len(self._hits)
+
+    def likely(self, key: str) -> bool:
+        """The last first audio of ``key`` came from the cache, within ``ttl_s``."""
+        seen = self._hits.get(key)
+        if seen is None:
+            return False
+        if self._clock() - seen > self._ttl_s:
+            del self._hits[key]
+            return False
+        return True
+
+    def observe(self, key: str, cache: str) -> None:
+        """The engine's answer for an utterance of ``key``: "hit", "miss" or ""."""
+        if cache != "hit":
+            self._hits.pop(key, None)
+            return
+        self._hits[key] = self._clock()
+        self._hits.move_to_end(key)
+        while len(self._hits) > self._capacity:
+            self._hits.popitem(last=False)
