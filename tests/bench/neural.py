@@ -229,12 +229,16 @@ def render(body: dict[str, Any]) -> str:
     ]
     best = body.get("best")
     if best:
-        lines += [
-            "",
+        largest = (
             f"Largest level within the bounds: **{best['sessions']} calls**, serving "
-            f"{best['served_audio_per_s']} audio-s/s: efficiency **{body['efficiency']}** of "
-            f"the offline ceiling ({body['ceiling']} audio-s/s with the same workers).",
-        ]
+            f"{best['served_audio_per_s']} audio-s/s"
+        )
+        if "efficiency" in body:  # not with --skip-offline: no ceiling was measured
+            largest += (
+                f": efficiency **{body['efficiency']}** of the offline ceiling "
+                f"({body['ceiling']} audio-s/s with the same workers)"
+            )
+        lines += ["", largest + "."]
     openings = body.get("openings") or []
     if openings:
         lines += [
