@@ -16,6 +16,7 @@ from gateway.config import GatewaySettings
 from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
 from gateway.errors import ErrorCode
 from gateway.legs.kinds import LEG_KINDS, LegKind, LegService, declared_prompts, leg_routes
+from gateway.likely_hits import likely_hit_key
 from gateway.metrics import exposition_registry
 from gateway.protocols import PROTOCOLS
 from gateway.relay_endpoint import RelayEndpoint
@@ -175,6 +176,10 @@ def create_app(
         declared=declared_prompts(settings.leg_env, legs),
         # The host's workers share one engine: the first warms the start-up prompts.
         warm_at_start=relay is None or relay.worker_index == 0,
+        # A warmed prompt is a likely hit: its callers need not queue behind synthesis.
+        on_warm=lambda spec: state.gate.likely_hits.observe(
+            likely_hit_key(spec.voice, spec.speed, spec.instruct, spec.text), "hit"
+        ),
     )
     registry.deletion_listeners.append(
         lambda deletion: speech_cache.forget_voice(deletion.voice_id, deletion.features_digest)

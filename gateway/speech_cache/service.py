@@ -120,12 +120,20 @@ class EngineCache:
 
 
 class _Observer:
-    def __init__(self, metrics: GatewayMetrics, catalog: Catalog) -> None:
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        catalog: Catalog,
+        on_warm: Callable[[PromptSpec], None] | None,
+    ) -> None:
         self._metrics = metrics
         self._catalog = catalog
+        self._on_warm = on_warm
 
     def finished(self, entry: Entry, result: str) -> None:
         self._metrics.speech_cache_warmups.labels(result=result).inc()
+        if result == "warm" and self._on_warm is not None:
+            self._on_warm(entry.spec)
 
     def changed(self) -> None:
         for state, count in self._catalog.by_state().items():
@@ -142,10 +150,12 @@ class SpeechCacheService:
         metrics: GatewayMetrics,
         declared: Sequence[DeclaredPrompt] = (),
         warm_at_start: bool = True,
+        on_warm: Callable[[PromptSpec], None] | None = None,
     ) -> None:
         """``declared``: the prompts the leg kinds will speak (SIP flows); ``warm_at_start``
         False leaves the start-up warm-up to another worker of the host (they share the
-        engine). Reads the prompts file now: raises :class:`ConfigError`."""
+        engine); ``on_warm``: told each prompt this worker has warmed (the admission
+        gate's likely hits). Reads the prompts file now: raises :class:`ConfigError`."""
         self.settings = settings
         self.engine = EngineCache(link)
         self._link = link
@@ -160,7 +170,7 @@ class SpeechCacheService:
         )
         self.declared = list(declared)
         self._warm_at_start = warm_at_start
-        self._observer = _Observer(metrics, self.catalog)
+        self._observer = _Observer(metrics, self.catalog, on_warm)
         self._startup: list[Entry] = []
         self.warmer = Warmer(
             self.engine,

@@ -17,7 +17,7 @@ from engine.ipc.schema import CacheLevelStats, SpeechCacheStats
 from gateway.engine_link import EngineLink
 from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
 from gateway.metrics import GatewayMetrics
-from gateway.speech_cache.prompts import DeclaredPrompt, PromptLimits
+from gateway.speech_cache.prompts import DeclaredPrompt, PromptLimits, PromptSpec
 from gateway.speech_cache.service import SpeechCacheService, SpeechCacheSettings
 from tests.gateway.speech_cache.stand_in import CachingEngine
 
@@ -59,12 +59,14 @@ async def test_start_up_prompts_are_warmed_in_the_background_once_the_engine_is_
     caplog.set_level(logging.INFO)
     metrics = GatewayMetrics()
     link = Link(tmp_path, metrics)
+    told: list[PromptSpec] = []  # the warmed prompts, for the admission gate's likely hits
     service = SpeechCacheService(
         SpeechCacheSettings(prompts_path=prompts_file(tmp_path), limits=PromptLimits()),
         link=link,
         resolve_voice=resolve,
         metrics=metrics,
         declared=[DeclaredPrompt(source="sip flow demo, step bye", text="Goodbye.")],
+        on_warm=told.append,
     )
     async with asyncio.timeout(1):
         await service.start()  # returns at once: the engine is not even there
@@ -84,6 +86,11 @@ async def test_start_up_prompts_are_warmed_in_the_background_once_the_engine_is_
         ("Please hold.", "en-us", 16000),
         ("Goodbye.", link.default_voice, 8000),
     }
+    assert sorted(spec.text for spec in told) == [
+        "Goodbye.",
+        "Please hold.",
+        "Welcome to Acme Bank.",
+    ]
     states = {e.source: e.state for e in service.catalog}
     assert states == {"file:1": "warm", "file:2": "warm", "file:3": "failed",
                       "sip flow demo, step bye": "warm"}  # fmt: skip
