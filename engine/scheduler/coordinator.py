@@ -778,12 +778,18 @@ class Scheduler:
         if utterance.chars > self._max_text_chars:
             self._output.fail(stream, utterance, "text_too_long", "utterance text over the limit")
             return
-        utterance.segments.extend(utterance.splitter.feed(command.text))
+        segments = utterance.splitter.feed(command.text)
         if command.final:
-            utterance.segments.extend(utterance.splitter.flush())
+            segments += utterance.splitter.flush()
             utterance.final = True
         elif command.release:
-            utterance.segments.extend(utterance.splitter.release())
+            segments += utterance.splitter.release()
+        utterance.segments.extend(segments)
+        if utterance.keys is not None and self._cache.enabled:
+            keys = utterance.keys
+            utterance.cached_texts.update(
+                text for text in segments if self._cache.contains_local(keys.key(text))
+            )
 
     def _cancel_utterance(self, command: _CancelUtterance) -> None:
         stream = self._streams.get(command.slot)

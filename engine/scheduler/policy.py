@@ -89,7 +89,14 @@ def unplayed_s(stream: Stream) -> float:
 
 
 def segment_chars(stream: Stream) -> tuple[int, ...]:
-    return tuple(len(segment) for u in stream.utterances for segment in u.segments)
+    """The lengths of the segments ``stream`` still needs synthesized: those the speech
+    cache held when their text came are left out (they cost the lane nothing)."""
+    return tuple(
+        len(segment)
+        for u in stream.utterances
+        for segment in u.segments
+        if segment not in u.cached_texts
+    )
 
 
 def remaining_work(stream: Stream, now: float) -> StreamWork:

@@ -42,6 +42,9 @@ class Utterance:
     keys: KeyMaker | None = None
     checked: bool = False
     cache: str = ""
+    # Its segments that the memory level held when their text came: no synthesis work
+    # for the capacity fit (an estimate: one evicted meanwhile is synthesized as usual).
+    cached_texts: set[str] = field(default_factory=set)
     startable_since: float | None = None  # first seen able to start (the start deadline)
     dispatched: bool = False  # a segment of it went to synthesis: the deadline is over
 

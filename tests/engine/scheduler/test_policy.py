@@ -13,7 +13,7 @@ from engine.backends.synthetic import SyntheticBackend, ToneVoice
 from engine.ipc.boundaries import BoundaryWriter
 from engine.ipc.ring import SpscRing
 from engine.scheduler import policy
-from engine.scheduler.policy import AUDIO_PER_CHAR_PRIOR, Policy
+from engine.scheduler.policy import AUDIO_PER_CHAR_PRIOR, Policy, segment_chars
 from engine.scheduler.state import Lane, Stream, Utterance
 from engine.text import MIN_FIT_CHARS
 from telephony.codecs.resample import StreamingResampler
@@ -196,3 +196,18 @@ def test_observed_paces_are_smoothed_per_lane_and_per_stream() -> None:
     policy.observe_audio(lane, stream, 0.7, 10)
     policy.observe_audio(lane, stream, 0.0, 10)  # no audio: nothing learnt
     assert lane.audio_per_char == stream.audio_per_char == pytest.approx(0.07)
+
+
+def test_segments_the_speech_cache_holds_are_no_work_for_the_capacity_fit() -> None:
+    lane = make_lane(gated=True, threads=1, max_batch=1)
+    lane.seconds_per_char = 0.02
+    lane.audio_per_char = 0.07
+    # The same call as above, its next segment a cached one: it needs nothing from the
+    # worker, so the newcomer fits (before, cached segments counted as synthesis).
+    playing = make_stream(lane, 0, ["x" * 20], playing_s=1.0)
+    new = make_stream(lane, 1, ["y" * 40], arrived_at=1.0)
+    rules = Policy()
+    assert not rules.can_start(lane, new, [], now=0.0)
+    playing.utterances[0].cached_texts.add("x" * 20)
+    assert segment_chars(playing) == ()
+    assert rules.can_start(lane, new, [], now=0.0)

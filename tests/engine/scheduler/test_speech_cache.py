@@ -670,3 +670,21 @@ def test_a_voice_deleted_during_a_call_is_not_stored_by_that_call(make_rig):
     assert rig.say(2, "Welcome to Acme Bank.")[1].cache == "miss"
     rig.open(3, profile=profile)
     assert rig.say(3, "Welcome to Acme Bank.")[1].cache == "hit"
+
+
+def test_an_utterance_knows_which_of_its_segments_the_cache_holds(make_rig):
+    """The capacity fit leaves out segments the memory level held when their text came
+    (engine/scheduler/policy.py segment_chars): they are marked as the text arrives."""
+    cache = memory_cache()
+    warm = make_rig(cache=cache)
+    warm.open(9)
+    warm.say(9, GREETING)
+    rig = make_rig(cache=cache)
+    rig.open(1, capacity=4096)  # a small ring: the utterance is still there to look at
+    rig.scheduler.speak(1, 1, GREETING + " Nobody has heard this sentence before.", True)
+    time.sleep(0.3)
+    utterance = rig.scheduler._streams[1].utterances[0]
+    marked = set(utterance.cached_texts)
+    assert marked, "the greeting's segments were not marked as cached"
+    assert all("Nobody" not in text for text in marked)
+    assert all(text in GREETING for text in marked)
