@@ -441,6 +441,29 @@ class Scheduler:
         ):
             cached = CachedSegment(bytes(record.pcm), words)
             self._cache.put(segment.key, cached, since=stream.cache_epoch)
+            self._add_to_cut(stream, utterance, cached)
+        else:
+            utterance.cut = None  # a piece that cannot be stored: nor can the whole
+
+    def _add_to_cut(self, stream: Stream, utterance: Utterance, piece: CachedSegment) -> None:
+        """``piece`` (synthesized or from the cache) just played: if it is a piece of a
+        segment the capacity fit cut, add it to the whole, and store the whole once its
+        last piece has played (its words as they were told: each piece's rounded on its
+        own; a segment after it may start 1 ms apart on a later hit, from rounding)."""
+        cut = utterance.cut
+        if cut is None:
+            return
+        cut.pcm += piece.pcm
+        shift = cut.played_ms
+        cut.words.extend((word, start + shift, end + shift) for word, start, end in piece.words)
+        cut.played_ms += duration_ms(len(piece.pcm) // 2, stream.sample_rate)
+        cut.pieces_left -= 1
+        if cut.pieces_left > 0:
+            return
+        utterance.cut = None
+        if utterance.keys is not None:
+            whole = CachedSegment(bytes(cut.pcm), tuple(cut.words))
+            self._cache.put(utterance.keys.key(cut.text), whole, since=stream.cache_epoch)
 
     # --- the speech cache ----------------------------------------------------------------
 
@@ -492,6 +515,7 @@ class Scheduler:
         source = "engine" if stream.lane.times_words else "estimate"
         self._output.words(stream, utterance, offset_ms, segment.words, source)
         utterance.words_ms = offset_ms + duration_ms(len(segment.pcm) // 2, stream.sample_rate)
+        self._add_to_cut(stream, utterance, segment)
         self._counters.cached(1)
         self._dirty[stream.slot] = None
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from engine.backends.base import BatchSynthesizer
 from engine.capacity import COST_FACTOR, MARGIN_S, Pace, StreamWork, can_start
-from engine.scheduler.state import Lane, Stream
+from engine.scheduler.state import CutSegment, Lane, Stream
 from engine.text import MIN_FIT_CHARS, split_to_fit
 
 # A playing stream goes before new utterances while it holds less unplayed audio than
@@ -230,8 +230,12 @@ class Policy:
         if len(head.segments[0]) > budget:
             pieces = split_to_fit(head.segments[0], int(budget))
             if len(pieces) > 1:
-                head.segments.popleft()
+                whole = head.segments.popleft()
                 head.segments.extendleft(reversed(pieces))
+                if head.cut is None:
+                    head.cut = CutSegment(whole, len(pieces))
+                else:  # a piece cut again: the whole is still the first cut's text
+                    head.cut.pieces_left += len(pieces) - 1
 
     def mark_busy(self, lane: Lane, stream: Stream, now: float) -> None:
         """``stream``'s next segment goes to ``lane``: when it is expected done (with the

@@ -21,6 +21,20 @@ from telephony.codecs.resample import StreamingResampler
 
 
 @dataclass
+class CutSegment:
+    """A segment the capacity fit cut into pieces (engine/scheduler/policy.py): what its
+    pieces played so far, stored in the speech cache under the whole segment's text once
+    the last has played, so the next caller of that text hits it whole (as this caller
+    heard it) instead of missing it because it was stored only piece by piece."""
+
+    text: str  # the whole segment
+    pieces_left: int
+    pcm: bytearray = field(default_factory=bytearray)
+    words: list[tuple[str, int, int]] = field(default_factory=list)  # from its start
+    played_ms: int = 0  # the pieces' durations so far, each rounded as the words were
+
+
+@dataclass
 class Utterance:
     seq: int
     splitter: SegmentSplitter = field(default_factory=SegmentSplitter)
@@ -45,6 +59,7 @@ class Utterance:
     # Its segments that the memory level held when their text came: no synthesis work
     # for the capacity fit (an estimate: one evicted meanwhile is synthesized as usual).
     cached_texts: set[str] = field(default_factory=set)
+    cut: CutSegment | None = None  # its segment in pieces, while they play
     startable_since: float | None = None  # first seen able to start (the start deadline)
     dispatched: bool = False  # a segment of it went to synthesis: the deadline is over
 

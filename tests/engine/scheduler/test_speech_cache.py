@@ -688,3 +688,30 @@ def test_an_utterance_knows_which_of_its_segments_the_cache_holds(make_rig):
     assert marked, "the greeting's segments were not marked as cached"
     assert all("Nobody" not in text for text in marked)
     assert all(text in GREETING for text in marked)
+
+
+def test_a_segment_cut_to_fit_is_stored_whole_as_it_played(make_rig):
+    """A playing stream's long segment cut by the capacity fit (engine/scheduler/policy.py
+    fit_next_segment) plays in pieces; the whole segment is stored as those pieces played,
+    so the next caller of the same text hits it whole, the same bytes and words, with
+    nothing synthesized (before, only the pieces were stored and it missed every time)."""
+    from tests.engine.test_scheduler import PacedBatchBackend
+
+    backend = PacedBatchBackend(seconds_per_char=0.005)
+    rig = make_rig(backend)
+    rest = (
+        "Your call matters to us, so please stay on the line and the next available "
+        "agent will be with you very shortly, thank you for waiting."
+    )
+    text = f"Good morning, caller. {rest}"
+    rig.open(1)
+    first, audio = rig.say(1, text)
+    assert audio.cache == "miss"
+    assert len(backend.texts) > 2 and rest not in backend.texts  # it was cut
+    synthesized = len(backend.texts)
+    rig.open(2)
+    again, audio = rig.say(2, text)
+    assert audio.cache == "hit"
+    assert len(backend.texts) == synthesized  # every segment from the cache
+    assert again == first
+    assert rig.words(2) == rig.words(1)
