@@ -63,6 +63,40 @@ def engine_pid_of(gateway_pid: int) -> int | None:
     return None
 
 
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{current}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    todo += [int(p) for p in (task / "children").read_text().split()]
+    return found
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether ``pid`` (or a process below it: a host's workers) holds the listening TCP
+    socket of ``port``. Two tests that drew the same free port would otherwise find the
+    other's gateway answering their readiness probe, and test it."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            next(rows, None)
+            for row in rows:
+                fields = row.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    for member in _process_tree(pid):
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{member}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        return True
+    return False
+
+
 def worker_of(ws: aiohttp.ClientWebSocketResponse) -> str:
     """The worker that answered the upgrade (aiohttp keeps the response privately)."""
     return str(ws._response.headers.get(WORKER_HEADER, ""))
@@ -131,14 +165,29 @@ class GatewayProcess:
 
     def start(self, timeout: float = 30.0) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve"],
-            cwd=ROOT,
-            env=self.env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        self.wait_ready(timeout)
+        for attempt in range(3):
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway", "serve"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+            )
+            try:
+                self.wait_ready(timeout)
+                return
+            except RuntimeError:
+                # Another test's process took the port between free_port() and the bind:
+                # draw another (only for that; any other exit is the test's to see).
+                if attempt == 2 or "address already in use" not in self.log_tail().lower():
+                    raise
+            self._move_to(free_port())
+
+    def _move_to(self, port: int) -> None:
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        self.ws_url = f"ws://127.0.0.1:{port}/v1/stream"
+        self.env["GATEWAY_PORT"] = str(port)
 
     def readyz(self) -> tuple[int, dict[str, Any]]:
         import urllib.error
@@ -161,7 +210,11 @@ class GatewayProcess:
                 raise RuntimeError(f"gateway exited with {self.proc.returncode}: {self.log_tail()}")
             with contextlib.suppress(OSError):
                 status, body = self.readyz()
-                if status == 200 and (not vad or body.get("vad_ready")):
+                if (
+                    status == 200
+                    and (not vad or body.get("vad_ready"))
+                    and (self.proc is None or listens_on(self.proc.pid, self.port))
+                ):
                     return time.monotonic() - start
             time.sleep(0.05)
         raise TimeoutError(f"gateway not ready within {timeout}s: {self.log_tail()}")
