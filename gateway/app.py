@@ -15,6 +15,7 @@ from gateway.auth import TokenVerifier, redact_query
 from gateway.config import GatewaySettings
 from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
 from gateway.errors import ErrorCode
+from gateway.http_errors import json_error
 from gateway.legs.kinds import LEG_KINDS, LegKind, LegService, declared_prompts, leg_routes
 from gateway.likely_hits import likely_hit_key
 from gateway.metrics import exposition_registry
@@ -51,10 +52,6 @@ WORKER_HEADER = "X-Gateway-Worker"
 LEG_SERVICES_KEY = web.AppKey("leg_services", list[LegService])  # legs with own listeners
 WEBSOCKET_ROUTES = {**PROTOCOLS, **leg_routes()}
 """Every WebSocket path the gateway serves: the native protocol's and each leg's."""
-
-
-def _error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status)
 
 
 async def healthz(_request: web.Request) -> web.Response:
@@ -95,7 +92,7 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 async def index(request: web.Request) -> web.StreamResponse:
     page = request.app[STATE_KEY].settings.web_demo_dir / "index.html"
     if not page.is_file():
-        return _error(404, ErrorCode.NOT_FOUND, "the demo page is not installed")
+        return json_error(404, ErrorCode.NOT_FOUND, "the demo page is not installed")
     return web.FileResponse(page, headers={"Cache-Control": "no-cache"})
 
 

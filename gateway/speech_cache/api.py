@@ -34,8 +34,9 @@ from typing import Any, Final
 from aiohttp import web
 
 from engine.ipc.client import EngineUnavailable
-from gateway.auth import AuthError, Principal, token_from_request
+from gateway.auth import Principal
 from gateway.errors import ErrorCode
+from gateway.http_errors import authenticate, json_error
 from gateway.peer_log import PeerLog
 from gateway.speech_cache.catalog import CatalogFull, Entry
 from gateway.speech_cache.prompts import PromptError, parse_prompt
@@ -58,18 +59,11 @@ _STATUS: Final[dict[str, int]] = {
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
-    headers = {"Retry-After": "1"} if status == 503 else None
-    return web.json_response(
-        {"error": {"code": code, "message": message}}, status=status, headers=headers
-    )
+    return json_error(status, code, message, {"Retry-After": "1"} if status == 503 else None)
 
 
 def _auth(state: GatewayState, request: web.Request) -> Principal | web.Response:
-    try:
-        return state.verify(token_from_request(request.headers, request.query), SCOPE)
-    except AuthError as exc:
-        _auth_log.info("auth failed on %s: %s", request.path[:64], exc.code)
-        return _error(exc.http_status, exc.code, exc.message)
+    return authenticate(state.verify, request, SCOPE, _auth_log)
 
 
 def _refused(state: GatewayState, status: int, code: str, message: str) -> web.Response:

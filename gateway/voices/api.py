@@ -28,8 +28,9 @@ from aiohttp import BodyPartReader, HttpVersion11, MultipartReader, StreamReader
 from aiohttp.http_exceptions import HttpProcessingError
 
 from engine.ipc.schema import VoiceInfo
-from gateway.auth import AuthError, Principal, token_from_request
+from gateway.auth import Principal
 from gateway.errors import ErrorCode
+from gateway.http_errors import authenticate, json_error
 from gateway.peer_log import PeerLog
 from gateway.voices.reference_audio import MAX_UPLOAD_BYTES, ReferenceAudio, ReferenceAudioError
 from gateway.voices.registry import VoiceError
@@ -86,10 +87,6 @@ class VoicesContext(Protocol):
 CONTEXT_KEY: Final = web.AppKey("voices_context", VoicesContext)
 
 
-def _error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status)
-
-
 def builtin_json(voice: VoiceInfo) -> dict[str, Any]:
     return {
         "id": voice.id,
@@ -114,11 +111,7 @@ def record_json(record: VoiceRecord) -> dict[str, Any]:
 
 
 def _auth(state: VoicesContext, request: web.Request, scope: str) -> Principal | web.Response:
-    try:
-        return state.verify(token_from_request(request.headers, request.query), scope)
-    except AuthError as exc:
-        _auth_log.info("auth failed on %s: %s", request.path[:64], exc.code)
-        return _error(exc.http_status, ErrorCode(exc.code), exc.message)
+    return authenticate(state.verify, request, scope, _auth_log)
 
 
 async def list_voices(request: web.Request) -> web.Response:
@@ -127,12 +120,12 @@ async def list_voices(request: web.Request) -> web.Response:
     if isinstance(who, web.Response):
         return who
     if not state.engine.voices:
-        return _error(503, ErrorCode.ENGINE_UNAVAILABLE, "the TTS engine is not ready")
+        return json_error(503, ErrorCode.ENGINE_UNAVAILABLE, "the TTS engine is not ready")
     voices = [builtin_json(v) for v in state.engine.voices]
     try:
         voices += [record_json(r) for r in await state.registry.list(who.tenant)]
     except VoiceError as exc:
-        return _error(exc.status, exc.code, exc.message)
+        return json_error(exc.status, exc.code, exc.message)
     return web.json_response({"voices": voices})
 
 
@@ -148,9 +141,9 @@ async def get_voice(request: web.Request) -> web.Response:
     try:
         record = await state.registry.get(who.tenant, voice_id)
     except VoiceError as exc:
-        return _error(exc.status, exc.code, exc.message)
+        return json_error(exc.status, exc.code, exc.message)
     if record is None:
-        return _error(404, ErrorCode.UNKNOWN_VOICE, "no such voice")
+        return json_error(404, ErrorCode.UNKNOWN_VOICE, "no such voice")
     return web.json_response(record_json(record))
 
 
@@ -162,9 +155,9 @@ async def delete_voice(request: web.Request) -> web.Response:
     try:
         deleted = await state.registry.delete(who.tenant, request.match_info["voice_id"])
     except VoiceError as exc:
-        return _error(exc.status, exc.code, exc.message)
+        return json_error(exc.status, exc.code, exc.message)
     if not deleted:
-        return _error(404, ErrorCode.UNKNOWN_VOICE, "no such voice")
+        return json_error(404, ErrorCode.UNKNOWN_VOICE, "no such voice")
     return web.Response(status=204)
 
 
@@ -338,7 +331,7 @@ async def _receive(request: web.Request, spool: _Spool) -> dict[str, str]:
 
 def _refused(state: VoicesContext, exc: _Refusal) -> web.Response:
     state.metrics.errors.labels(code=exc.code).inc()
-    response = _error(exc.status, exc.code, exc.message)
+    response = json_error(exc.status, exc.code, exc.message)
     if exc.close:
         response.force_close()
     return response
@@ -368,11 +361,11 @@ def _before_body(request: web.Request) -> Principal | web.Response:
     if isinstance(who, web.Response):
         return who
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        return _error(
+        return json_error(
             413, ErrorCode.AUDIO_TOO_LARGE, f"uploads are limited to {MAX_UPLOAD_BYTES} bytes"
         )
     if not request.content_type.startswith("multipart/"):
-        return _error(
+        return json_error(
             400, ErrorCode.INVALID_REQUEST, "send multipart/form-data with an 'audio' file"
         )
     return who
@@ -387,7 +380,9 @@ async def _expect_continue(request: web.Request) -> web.Response | None:
     if request.version != HttpVersion11:
         return None
     if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
-        return _error(417, ErrorCode.INVALID_REQUEST, "only 'Expect: 100-continue' is understood")
+        return json_error(
+            417, ErrorCode.INVALID_REQUEST, "only 'Expect: 100-continue' is understood"
+        )
     checked = _before_body(request)
     if isinstance(checked, web.Response):
         return checked
@@ -456,10 +451,10 @@ async def register_voice(request: web.Request) -> web.Response:
         return _refused(state, exc)
     except ReferenceAudioError as exc:
         state.metrics.errors.labels(code=exc.code).inc()
-        return _error(exc.http_status, exc.code, exc.message)
+        return json_error(exc.http_status, exc.code, exc.message)
     except VoiceError as exc:
         state.metrics.errors.labels(code=exc.code).inc()
-        return _error(exc.status, exc.code, exc.message)
+        return json_error(exc.status, exc.code, exc.message)
     except UploadWorkerError as exc:
         log.error("voice upload not processed: %s", exc)
         return _refused(

@@ -48,14 +48,19 @@ def free_udp_port() -> int:
         return port
 
 
-def engine_pid_of(gateway_pid: int) -> int | None:
-    """The pid of the ``python -m engine`` child of ``gateway_pid``, if it has one."""
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started (any of its threads), from /proc."""
     children: list[int] = []
     with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{gateway_pid}/task").iterdir():
+        for task in Path(f"/proc/{pid}/task").iterdir():
             with contextlib.suppress(OSError):
                 children += [int(p) for p in (task / "children").read_text().split()]
-    for child in children:
+    return children
+
+
+def engine_pid_of(gateway_pid: int) -> int | None:
+    """The pid of the ``python -m engine`` child of ``gateway_pid``, if it has one."""
+    for child in _children(gateway_pid):
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
             if argv[1:3] == [b"-m", b"engine"]:
@@ -69,10 +74,7 @@ def _process_tree(pid: int) -> list[int]:
     while todo:
         current = todo.pop()
         found.append(current)
-        with contextlib.suppress(OSError):
-            for task in Path(f"/proc/{current}/task").iterdir():
-                with contextlib.suppress(OSError):
-                    todo += [int(p) for p in (task / "children").read_text().split()]
+        todo += _children(current)
     return found
 
 
