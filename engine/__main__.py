@@ -19,6 +19,7 @@ import threading
 from engine.backends.routing import BackendSet
 from engine.backends.table import backend_names
 from engine.config import EngineSettings
+from engine.ipc.heap import freeze_startup_heap
 from engine.ipc.lifetime import die_with_parent, watch_parent
 from engine.ipc.shm import SharedRegion, SlotArena
 from engine.server import EngineLayout, EngineServer
@@ -109,6 +110,7 @@ async def run_engine(args: argparse.Namespace) -> None:
         threading.Thread(target=load_word_segmenter, name="jieba-load", daemon=True).start()
     try:
         await server.start(args.socket)
+        freeze_startup_heap("the engine's start-up")
         log.info(
             "engine ready: backend=%s slots=%d socket=%s shm=%s (%.1f MiB) speech cache=%s",
             backend.name,

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from engine.ipc.heap import freeze_startup_heap
 from engine.ipc.ring import SpscRing
 from engine.ipc.schema import Message, SpeechStarted
 from telephony.codecs.resample import StreamingResampler
@@ -65,6 +66,7 @@ class SileroVad:
         self._torch = torch
         self._model: Any = load_silero_vad(onnx=False)._model_8k
         self._model.eval()
+        freeze_startup_heap("loading the VAD model")  # torch's objects live as long
 
     def step(self, windows: FloatArray, state: FloatArray) -> tuple[FloatArray, FloatArray]:
         torch = self._torch

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from engine.ipc.heap import freeze_startup_heap
 from engine.ipc.lifetime import die_with_parent, watch_parent
 from gateway import logs
 from gateway.app import LEG_SERVICES_KEY, RedactingAccessLogger, create_app
@@ -203,6 +204,7 @@ async def _serve_until_signalled(
             guard.guard(relay_runner)
             await GuardedSite(relay_runner, guard, sock=relay.sock).start()
         guard.start()
+        freeze_startup_heap("the gateway's start-up")
         listening()
         await stop.wait()
         log.info("shutting down: no new connections (a second signal skips the drain)")
