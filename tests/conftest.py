@@ -7,10 +7,31 @@ and with earlier runs, and the tests that measure synthesis would measure the ca
 So it is off for every engine a test starts, unless the test turns it on with its own
 directory (``ENGINE_SPEECH_CACHE=1`` and ``ENGINE_SPEECH_CACHE_DIR`` under ``tmp_path``),
 as tests/engine/scheduler/test_speech_cache.py does.
+
+The test process's own garbage collector is kept from the measurements: collecting the
+suite imports every test module (torch, transformers, onnxruntime, ...: some 470,000
+objects), and a full collection over them took 250 ms here, during which every frame the
+realtime tests' clients receive would be stamped late. Collection runs with the collector
+off, and what it leaves is frozen (``gc.freeze``), as the engine and the gateway freeze
+their start-up heaps (engine/ipc/heap.py).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 
+import pytest
+
 os.environ["ENGINE_SPEECH_CACHE"] = "0"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> object:
+    gc.disable()  # importing the test modules makes no garbage worth a collection
+    try:
+        return (yield)
+    finally:
+        gc.enable()
+        gc.collect()
+        gc.freeze()

@@ -10,6 +10,9 @@ gap the caller hears. The receiver never has to hold more than the lead either.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import numpy as np
 import numpy.typing as npt
 
@@ -34,3 +37,33 @@ def assert_on_time(times: npt.NDArray[np.float64], audio_ms: float, context: obj
     assert late.max() <= 0.0, f"frame {worst} was {late.max() * 1000:.1f} ms late ({context})"
     assert -late.min() <= LEAD_S + CLIENT_ALLOWANCE_S, f"ran ahead {-late.min() * 1000:.1f} ms"
     assert abs(np.diff(times).mean() - FRAME_S) < 0.001
+
+
+class LoopStallWatch:
+    """The longest time this test's own event loop could not run (a garbage collection,
+    the machine's scheduler), measured while the block runs: a frame stamped late by such
+    a stall was late at this receiver, not at the gateway. Reported with a lateness
+    failure so that it says where the time went; it excuses nothing."""
+
+    TICK_S = 0.005
+
+    def __init__(self) -> None:
+        self.worst_s = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(self.TICK_S)
+            self.worst_s = max(self.worst_s, loop.time() - before - self.TICK_S)
+
+    async def __aenter__(self) -> LoopStallWatch:
+        self._task = asyncio.create_task(self._watch())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task

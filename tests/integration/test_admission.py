@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.harness import GatewayProcess, NativeClient
-from tests.integration.pacing import assert_on_time, lateness
+from tests.integration.pacing import LoopStallWatch, assert_on_time, lateness
 
 # Timing under load: `make test` runs these alone, after the parallel suites.
 pytestmark = pytest.mark.realtime
@@ -41,6 +41,17 @@ async def scrape(gw: GatewayProcess) -> dict[str, object]:
     async with aiohttp.ClientSession() as http:
         text = await (await http.get(gw.base + "/metrics")).text()
     return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def worst_bucket(families: dict[str, object], name: str) -> str:
+    """The smallest upper bound (``le``) of histogram ``name`` that holds every sample."""
+    buckets = [
+        (s.labels["le"], s.value)
+        for s in families[name].samples  # type: ignore[attr-defined]
+        if s.name == f"{name}_bucket"
+    ]
+    total = buckets[-1][1] if buckets else 0.0
+    return next((le for le, count in buckets if count >= total), "?")
 
 
 def sample(families: dict[str, object], name: str, **labels: str) -> float:
@@ -335,13 +346,20 @@ async def test_neural_overload_queues_the_excess_and_admitted_calls_never_stutte
         ENGINE_START_TIMEOUT_MS="60000",
     )
     callers, prompts = 20, 3
-    results = await asyncio.gather(*(neural_caller(gw, prompts) for _ in range(callers)))
+    async with LoopStallWatch() as client_stalls:
+        results = await asyncio.gather(*(neural_caller(gw, prompts) for _ in range(callers)))
     outcomes = [o for r in results for o in r]
     families = await scrape(gw)
     played = [late for code, _, late in outcomes if code == "done"]
     refused = [waited for code, waited, _ in outcomes if code != "done"]
     assert {code for code, _, _ in outcomes} <= {"done", "queue_timeout", "overloaded"}
-    assert max(played) <= 0.0, f"{sum(late > 0 for late in played)} utterances stuttered"
+    assert max(played) <= 0.0, (
+        f"{sum(late > 0 for late in played)} utterances stuttered, worst by "
+        f"{max(played) * 1000:.0f} ms; where: underruns "
+        f"{sample(families, 'gateway_underruns_total'):.0f}, gateway pacer tick lag up to "
+        f"{worst_bucket(families, 'gateway_pacer_tick_lag_seconds')} s, this client's loop "
+        f"stalled up to {client_stalls.worst_s * 1000:.0f} ms"
+    )
     assert sample(families, "gateway_underruns_total") == 0
     # The excess was there and was refused, within the queue timeout (plus a poll).
     assert len(refused) >= callers // 4 and len(played) >= callers
