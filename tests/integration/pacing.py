@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 
 import numpy as np
 import numpy.typing as npt
@@ -49,7 +50,19 @@ class LoopStallWatch:
 
     def __init__(self) -> None:
         self.worst_s = 0.0
+        self.steal_s = 0.0  # CPU time the hypervisor gave other machines meanwhile
+        self._steal_at_start = 0.0
         self._task: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def _steal_s() -> float:
+        """The machine's steal time so far (/proc/stat, in clock ticks), in seconds."""
+        try:
+            with open("/proc/stat") as stat:
+                fields = stat.readline().split()
+            return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return 0.0
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
@@ -59,6 +72,7 @@ class LoopStallWatch:
             self.worst_s = max(self.worst_s, loop.time() - before - self.TICK_S)
 
     async def __aenter__(self) -> LoopStallWatch:
+        self._steal_at_start = self._steal_s()
         self._task = asyncio.create_task(self._watch())
         return self
 
@@ -67,3 +81,4 @@ class LoopStallWatch:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        self.steal_s = self._steal_s() - self._steal_at_start

@@ -358,7 +358,8 @@ async def test_neural_overload_queues_the_excess_and_admitted_calls_never_stutte
         f"{max(played) * 1000:.0f} ms; where: underruns "
         f"{sample(families, 'gateway_underruns_total'):.0f}, gateway pacer tick lag up to "
         f"{worst_bucket(families, 'gateway_pacer_tick_lag_seconds')} s, this client's loop "
-        f"stalled up to {client_stalls.worst_s * 1000:.0f} ms"
+        f"stalled up to {client_stalls.worst_s * 1000:.0f} ms, the hypervisor took "
+        f"{client_stalls.steal_s:.2f} s of CPU (steal)"
     )
     assert sample(families, "gateway_underruns_total") == 0
     # The excess was there and was refused, within the queue timeout (plus a poll).
