@@ -122,17 +122,20 @@ def _get_json(url: str, token: str | None) -> dict[str, Any]:
 
 
 def wait_warm(base: str, token: str | None, expected: int) -> dict[str, Any]:
-    """Until the gateway's start-up prompts are all warm (or failed); their states."""
+    """Until every start-up prompt is warm (or failed): the ``expected`` of the prompts
+    file and any other the gateway keeps warm (the SIP bridge's default flow's); the
+    states of the file's prompts, and how many others there were."""
     deadline = time.monotonic() + WARM_TIMEOUT_S
     started = time.monotonic()
     while True:
         prompts = _get_json(base + "/v1/speech-cache/prompts", token)["prompts"]
-        states = [p["state"] for p in prompts]
-        done = sum(s in ("warm", "failed") for s in states)
-        if (done >= expected and len(states) >= expected) or time.monotonic() > deadline:
+        from_file = [p["state"] for p in prompts if p["source"].startswith("file:")]
+        done = all(p["state"] in ("warm", "failed") for p in prompts)
+        if (done and len(from_file) >= expected) or time.monotonic() > deadline:
             return {
-                "warm": states.count("warm"),
-                "failed": states.count("failed"),
+                "warm": from_file.count("warm"),
+                "failed": from_file.count("failed"),
+                "others": len(prompts) - len(from_file),
                 "seconds": round(time.monotonic() - started, 1),
             }
         time.sleep(0.5)

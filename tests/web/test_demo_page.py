@@ -282,6 +282,8 @@ def test_pcm_path_without_webcodecs_or_worklet(
         demo = dp.demo()
         assert demo["output"] == "buffer-source" and demo["packetsReceived"] >= 50
         assert demo["samplesScheduled"] == demo["packetsDecoded"] * OPUS_FRAME_SAMPLES
+        # The stats panel is redrawn at most every 100 ms, on an animation frame.
+        dp.wait("!document.getElementById('stat-path').textContent.includes('not started')")
         assert "PCM → AudioBufferSource" in dp.text("#stat-path")
         dp.wait("window.__demo.maxLevel > 0.05")
         dp.page.click("#clear")
