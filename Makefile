@@ -79,7 +79,9 @@ typecheck: $(STAMP) $(COSYVOICE2_STAMP)
 
 # The suites run on every core (pytest-xdist, one test file per worker at a time), mypy
 # alongside them; then the tests marked `realtime` (timing asserted under load) run alone.
-PYTEST_WORKERS ?= 2
+# One worker more than cores: many integration tests wait on real time (audio played at
+# its pace, timeouts), and two workers kept two cores 54 % busy (498 s; three: 418 s).
+PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 unit: unit-parallel unit-realtime
 
