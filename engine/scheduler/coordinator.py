@@ -691,8 +691,7 @@ class Scheduler:
         lane.warm_busy = True
         lane.in_flight += 1
         now = time.monotonic()
-        cost_factor = policy.cost_factor_of(lane, self._policy.cost_factor)
-        lane.running[id(work)] = now + lane.seconds_per_char * len(text) * cost_factor
+        lane.running[id(work)] = now + lane.seconds_per_char * len(text) * self._policy.cost_factor
         pool.submit(work)
 
     def _expire_unstarted(self, now: float) -> None:

@@ -21,11 +21,6 @@ from engine.text import MIN_FIT_CHARS, split_to_fit
 RESERVE_FACTOR = 3.0
 RESERVE_FLOOR_S = 0.2
 PACE_SMOOTHING = 0.2  # weight of the newest batch in a lane's seconds per character
-# Work is priced at the lane's average pace times the policy's cost factor, or at the
-# average plus this many mean deviations when its pace varies more than that covers (a
-# loaded machine, segments of very different lengths): the rule of TCP's retransmission
-# timer (RFC 6298: SRTT + 4 RTTVAR). A steady lane is priced as before.
-PACE_DEVIATIONS = 4.0
 # Seconds of audio per character of text before a lane has measured its own (English
 # speech is about 14 characters a second).
 AUDIO_PER_CHAR_PRIOR = 0.07
@@ -127,20 +122,7 @@ def observe_audio(lane: Lane, stream: Stream, seconds: float, chars: int) -> Non
 def observe_pace(lane: Lane, seconds: float, chars: int) -> None:
     """A call whose longest segment had ``chars`` characters took ``seconds``."""
     if chars > 0:
-        value = seconds / chars
-        if lane.seconds_per_char > 0.0:
-            deviation = abs(value - lane.seconds_per_char)
-            lane.pace_deviation += PACE_SMOOTHING * (deviation - lane.pace_deviation)
-        lane.seconds_per_char = smoothed(lane.seconds_per_char, value)
-
-
-def cost_factor_of(lane: Lane, floor: float) -> float:
-    """What ``lane``'s average seconds per character is multiplied by to price work:
-    ``floor`` (the policy's cost factor), or more while the pace varies
-    (:data:`PACE_DEVIATIONS`)."""
-    if lane.seconds_per_char <= 0.0:
-        return floor
-    return max(floor, 1.0 + PACE_DEVIATIONS * lane.pace_deviation / lane.seconds_per_char)
+        lane.seconds_per_char = smoothed(lane.seconds_per_char, seconds / chars)
 
 
 @dataclass(frozen=True)
@@ -230,7 +212,7 @@ class Policy:
             [remaining_work(s, now) for s in committed],
             workers_free_in=workers,
             pace=Pace(lane.seconds_per_char, lane.audio_per_char or AUDIO_PER_CHAR_PRIOR),
-            cost_factor=cost_factor_of(lane, self.cost_factor),
+            cost_factor=self.cost_factor,
             margin_s=self.margin_s,
             min_piece_chars=MIN_FIT_CHARS,
         )
@@ -243,7 +225,7 @@ class Policy:
         head = stream.utterances[0]
         if lane.seconds_per_char == 0.0 or head.start_pos is None:
             return
-        char_cost = lane.seconds_per_char * cost_factor_of(lane, self.cost_factor)
+        char_cost = lane.seconds_per_char * self.cost_factor
         budget = (unplayed_s(stream) - self.margin_s) / char_cost
         if len(head.segments[0]) > budget:
             pieces = split_to_fit(head.segments[0], int(budget))
@@ -261,6 +243,5 @@ class Policy:
         chars = len(stream.utterances[0].segments[0])
         rate = stream.audio_per_char or lane.audio_per_char or AUDIO_PER_CHAR_PRIOR
         stream.busy = True
-        cost = lane.seconds_per_char * chars * cost_factor_of(lane, self.cost_factor)
-        stream.busy_until = now + cost
+        stream.busy_until = now + lane.seconds_per_char * chars * self.cost_factor
         stream.busy_audio_s = rate * chars

@@ -82,10 +82,6 @@ class Lane:
     warm_busy: bool = False  # one of them is a warm-up job's (engine/scheduler/warm.py)
     # Recent wall time of a call per character of its longest segment (the padded length).
     seconds_per_char: float = 0.0
-    # How far one call's seconds per character recently strayed from that average (a
-    # smoothed mean deviation): engine/scheduler/policy.py prices work above the average
-    # by as much as it varies.
-    pace_deviation: float = 0.0
     audio_per_char: float = 0.0  # recent seconds of audio per character of text
     running: dict[int, float] = field(default_factory=dict)  # id(batch) -> expected end
     streams: dict[int, Stream] = field(default_factory=dict)  # slot -> its open stream

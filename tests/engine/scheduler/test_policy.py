@@ -198,42 +198,6 @@ def test_observed_paces_are_smoothed_per_lane_and_per_stream() -> None:
     assert lane.audio_per_char == stream.audio_per_char == pytest.approx(0.07)
 
 
-def test_a_steady_pace_is_priced_at_the_cost_factor_a_varying_one_above_it() -> None:
-    lane = make_lane()
-    assert policy.cost_factor_of(lane, 1.25) == 1.25  # no pace yet
-    for _ in range(20):
-        policy.observe_pace(lane, 0.2, 10)  # 0.02 s a character, every time
-    assert lane.pace_deviation == pytest.approx(0.0)
-    assert policy.cost_factor_of(lane, 1.25) == 1.25  # priced as before
-    for seconds in (0.2, 0.4) * 20:  # the same average-ish pace, straying by a third
-        policy.observe_pace(lane, seconds, 10)
-    mean, deviation = lane.seconds_per_char, lane.pace_deviation
-    assert 0.02 < mean < 0.04 and deviation > 0.005
-    factor = policy.cost_factor_of(lane, 1.25)
-    assert factor == pytest.approx(1 + policy.PACE_DEVIATIONS * deviation / mean)
-    assert mean * factor >= 0.04 * 0.99  # the slow calls are covered
-
-
-def test_a_varying_pace_holds_back_a_newcomer_a_steady_one_lets_in() -> None:
-    """The same call and newcomer: at a steady pace the newcomer fits; at the same average
-    pace with calls straying from it, it would leave no room for a slow call, and waits."""
-    rules = Policy()
-    steady, varying = make_lane(gated=True, threads=1), make_lane(gated=True, threads=1)
-    for lane in (steady, varying):
-        lane.audio_per_char = 0.07
-    for _ in range(30):
-        policy.observe_pace(steady, 0.3, 10)
-    for seconds in (0.15, 0.45) * 15:
-        policy.observe_pace(varying, seconds, 10)
-    assert varying.seconds_per_char == pytest.approx(steady.seconds_per_char, rel=0.3)
-    outcomes = []
-    for lane in (steady, varying):
-        make_stream(lane, 0, ["x" * 20], playing_s=2.5)
-        new = make_stream(lane, 1, ["y" * 20], arrived_at=1.0)
-        outcomes.append(rules.can_start(lane, new, [], now=0.0))
-    assert outcomes == [True, False]
-
-
 def test_segments_the_speech_cache_holds_are_no_work_for_the_capacity_fit() -> None:
     lane = make_lane(gated=True, threads=1, max_batch=1)
     lane.seconds_per_char = 0.02
