@@ -88,8 +88,9 @@ def test_safety_margins_make_it_stricter():
     committed = [playing(0.75, 50)]  # exact: 0.2 + 0.5 = 0.7 s <= 0.75 s
     assert can_start(StreamWork((20,)), committed, workers_free_in=[0.0], pace=PACE, **EXACT)
     assert not can_start(
-        StreamWork((20,)), committed, workers_free_in=[0.0], pace=PACE, cost_factor=1.25
-    )
+        StreamWork((20,)), committed, workers_free_in=[0.0], pace=PACE, cost_factor=1.25,
+        margin_s=0.0,
+    )  # fmt: skip
     assert not can_start(
         StreamWork((20,)), committed, workers_free_in=[0.0], pace=PACE, cost_factor=1.0,
         margin_s=0.1,
