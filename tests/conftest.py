@@ -23,6 +23,8 @@ import os
 
 import pytest
 
+from engine.ipc.heap import freeze_startup_heap
+
 os.environ["ENGINE_SPEECH_CACHE"] = "0"
 
 
@@ -33,5 +35,4 @@ def pytest_collection(session: pytest.Session) -> object:
         return (yield)
     finally:
         gc.enable()
-        gc.collect()
-        gc.freeze()
+        freeze_startup_heap("collecting the tests")

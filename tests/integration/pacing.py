@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 
 import numpy as np
 import numpy.typing as npt
+
+from tests.bench.procstat import MachineTimes
 
 FRAME_S = 0.020
 LEAD_S = 0.060
@@ -50,19 +51,10 @@ class LoopStallWatch:
 
     def __init__(self) -> None:
         self.worst_s = 0.0
-        self.steal_s = 0.0  # CPU time the hypervisor gave other machines meanwhile
-        self._steal_at_start = 0.0
+        # The hypervisor's steal meanwhile, in percent of one core (a noisy neighbour).
+        self.steal_pct: float | None = None
+        self._machine_at_start = MachineTimes.read()  # made at the block's start
         self._task: asyncio.Task[None] | None = None
-
-    @staticmethod
-    def _steal_s() -> float:
-        """The machine's steal time so far (/proc/stat, in clock ticks), in seconds."""
-        try:
-            with open("/proc/stat") as stat:
-                fields = stat.readline().split()
-            return int(fields[8]) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            return 0.0
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
@@ -72,7 +64,6 @@ class LoopStallWatch:
             self.worst_s = max(self.worst_s, loop.time() - before - self.TICK_S)
 
     async def __aenter__(self) -> LoopStallWatch:
-        self._steal_at_start = self._steal_s()
         self._task = asyncio.create_task(self._watch())
         return self
 
@@ -81,4 +72,4 @@ class LoopStallWatch:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        self.steal_s = self._steal_s() - self._steal_at_start
+        self.steal_pct = MachineTimes.read().steal_pct_since(self._machine_at_start)
