@@ -46,6 +46,7 @@ from typing import Any, Final
 
 from engine.normalize import language_family, spoken
 from engine.normalize.breaks import glued
+from engine.normalize.personal import personal_start
 
 # CJK punctuation NFKC leaves alone -> ASCII replacement ("" removes it).
 _CJK_PUNCTUATION = {
@@ -343,6 +344,16 @@ class SegmentSplitter:
 
     ``language``: a BCP-47-ish tag (see :mod:`engine.normalize`); languages without
     normalization rules get the character normalization only.
+
+    Personal data (:mod:`engine.normalize.personal`: amounts, codes, card and account
+    numbers, dates, e-mail addresses): the segments that carry any are in
+    :attr:`personal` (the speech cache never stores them). With ``cut_before_personal``
+    (the engine's streams and prompts) a segment is cut where its first personal item
+    begins, when the words before it read the same on their own (their spoken form
+    starts the whole's), so that they can be kept and reused. ``"Your balance is
+    $1,234.56."`` is ``"Your balance is"`` and ``"one thousand two hundred thirty-four
+    dollars and fifty-six cents."``, the second personal. A segment whose item comes
+    first, or whose words before it read otherwise alone, is personal whole.
     """
 
     language: str = "en-US"
@@ -351,10 +362,13 @@ class SegmentSplitter:
     clause_split_chars: int = 60
     first_segment_max_words: int = FIRST_SEGMENT_MAX_WORDS
     first_segment_max_cjk_chars: int = FIRST_SEGMENT_MAX_CJK_CHARS
+    cut_before_personal: bool = False
     _pending: str = ""
     _emitted: int = field(default=0)
     _cut_speech: bool = field(default=False)  # a speakable piece was cut off already
     _family: str = field(default="", init=False)
+    #: The segments emitted so far that carry personal data (engine.normalize.personal).
+    personal: set[str] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         self._family = language_family(self.language)
@@ -457,11 +471,35 @@ class SegmentSplitter:
 
     def _speakable(self, segment: str) -> list[str]:
         """A written segment as the segments to synthesize: normalized, in its spoken
-        form, cut to ``max_segment_chars``, without pieces that have nothing to say."""
+        form, cut before its first personal item (see the class docstring) and to
+        ``max_segment_chars``, without pieces that have nothing to say."""
         text = normalize(segment)
+        at = personal_start(text) if text else None
+        parts: list[tuple[str, bool]] = [(self._spoken(text), at is not None)]
+        if at and self.cut_before_personal:
+            head = self._spoken(text[:at])
+            whole = parts[0][0]
+            after = whole[len(head) : len(head) + 1]
+            if (
+                _has_speech(head)
+                and whole.startswith(head)
+                and (after in (" ", ",") or _is_cjk(head[-1]) or _is_cjk(after))
+            ):
+                parts = [(head, False), (whole[len(head) :].strip(" ,"), True)]
+        segments: list[str] = []
+        for part, personal in parts:
+            pieces = [p for p in _limit(part, self.max_segment_chars) if _has_speech(p)]
+            if personal:
+                self.personal.update(pieces)
+            segments += pieces
+        return segments
+
+    def _spoken(self, text: str) -> str:
+        """``text`` (normalized) in its spoken form, normalized again."""
+        text = normalize(text)
         if self._family and text:
             text = normalize(spoken(text, self.language))
-        return [piece for piece in _limit(text, self.max_segment_chars) if _has_speech(piece)]
+        return text
 
     def _word_boundary(self, text: str, start: int, i: int, *, final: bool) -> bool | None:
         """Whether the first segment may end just before ``text[i]``: a word boundary
@@ -564,3 +602,9 @@ def split_to_fit(segment: str, max_chars: int) -> list[str]:
     if cut <= 0 or not (_has_speech(first) and _has_speech(rest)):
         return [segment]
     return [first, rest]
+
+
+def stream_splitter(language: str) -> SegmentSplitter:
+    """The splitter of the engine's streams and warm prompts: cuts before personal data
+    (so the words before it can be cached; both must cut alike for their keys to meet)."""
+    return SegmentSplitter(language=language, cut_before_personal=True)
