@@ -6,7 +6,11 @@ host's engines in a host directory. Tests that start engines (in-process servers
 and with earlier runs, and the tests that measure synthesis would measure the cache.
 So it is off for every engine a test starts, unless the test turns it on with its own
 directory (``ENGINE_SPEECH_CACHE=1`` and ``ENGINE_SPEECH_CACHE_DIR`` under ``tmp_path``),
-as tests/engine/scheduler/test_speech_cache.py does.
+as tests/engine/scheduler/test_speech_cache.py does. The cache's default private places
+(its directory, ``~/.cache/ivr-gateway/speech-cache``, and the secret that names and seals
+its shared entries, ``~/.local/state/ivr-gateway/speech-cache.secret``) are moved to a
+temporary folder of this test process (``XDG_CACHE_HOME``, ``XDG_STATE_HOME``), so no test
+writes into the home directory.
 
 The test process's own garbage collector is kept from the measurements: collecting the
 suite imports every test module (torch, transformers, onnxruntime, ...: some 470,000
@@ -18,14 +22,21 @@ their start-up heaps (engine/ipc/heap.py).
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
+import shutil
+import tempfile
 
 import pytest
 
 from engine.ipc.heap import freeze_startup_heap
 
 os.environ["ENGINE_SPEECH_CACHE"] = "0"
+_PRIVATE_HOME = tempfile.mkdtemp(prefix="ivr-test-home-")  # 0700
+os.environ["XDG_CACHE_HOME"] = os.path.join(_PRIVATE_HOME, "cache")
+os.environ["XDG_STATE_HOME"] = os.path.join(_PRIVATE_HOME, "state")
+atexit.register(shutil.rmtree, _PRIVATE_HOME, True)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,18 +1,27 @@
-"""SpeechCache: the two levels behind one thread-safe object, and how it is opened."""
+"""SpeechCache: the two levels behind one thread-safe object, and how it is opened.
+
+Besides the levels it keeps the *declared* keys: prompts an operator or a tenant asked
+to keep warm (the prompts file, the SIP flows, the API). A declared segment is kept
+whole even when it carries personal data (docs/speech-cache.md, "What may be kept"),
+and an operator's (the shared scope) is heard by every tenant. At most
+:data:`MAX_DECLARED` keys, the least recently declared dropped first.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from engine.ipc.schema import CacheLevelStats, SpeechCacheStats
 from engine.speech_cache.counts import LookupCounts
 from engine.speech_cache.directory import DirectoryStore
-from engine.speech_cache.key import SegmentKey
+from engine.speech_cache.key import SHARED_SCOPE, SegmentKey
 from engine.speech_cache.memory import MemoryLevel
+from engine.speech_cache.private import private_directory, read_or_create_secret
 from engine.speech_cache.redis_store import RedisStore
+from engine.speech_cache.sealing import Sealer
 from engine.speech_cache.settings import SpeechCacheSettings
 from engine.speech_cache.shared import SharedLevel, SharedStore
 from engine.speech_cache.value import CachedSegment
@@ -21,9 +30,10 @@ log = logging.getLogger(__name__)
 
 Done = Callable[[SegmentKey, CachedSegment | None], None]
 
-#: Voices forgotten lately, remembered so that a stream (or warm-up) that began before a
-#: voice was forgotten cannot store its speech again afterwards (``put(since=...)``).
+#: Voices and scopes forgotten lately, remembered so that a stream (or warm-up) that began
+#: before one was forgotten cannot store its speech again afterwards (``put(since=...)``).
 MAX_FORGOTTEN = 4096
+MAX_DECLARED = 100_000
 
 
 class SpeechCache:
@@ -39,13 +49,35 @@ class SpeechCache:
         self._memory = memory if self.enabled else None
         self._shared = shared if self.has_shared else None
         self._memory_counts = LookupCounts()
-        self._forgets = 0  # bumped by forget_voice (the cache's epoch)
-        self._forgotten: OrderedDict[str, int] = OrderedDict()  # voice digest -> epoch
+        self._forgets = 0  # bumped by forget_voice and purge_scope (the cache's epoch)
+        # "voice:<digest>" / "scope:<scope>" -> the epoch it was forgotten at
+        self._forgotten: OrderedDict[str, int] = OrderedDict()
+        self._declared: OrderedDict[str, None] = OrderedDict()  # key digests
         self._lock = threading.Lock()
 
     @classmethod
     def disabled(cls) -> SpeechCache:
         return cls(None, None, enabled=False)
+
+    # --- declared prompts ----------------------------------------------------------------
+
+    def declare(self, key: SegmentKey) -> None:
+        """``key`` belongs to a declared prompt: kept whole, and (in the shared scope)
+        served to every tenant's call of its text."""
+        if self._memory is None:
+            return
+        digest = key.digest()
+        with self._lock:
+            self._declared[digest] = None
+            self._declared.move_to_end(digest)
+            while len(self._declared) > MAX_DECLARED:
+                self._declared.popitem(last=False)
+
+    def is_declared(self, key: SegmentKey) -> bool:
+        with self._lock:
+            return key.digest() in self._declared
+
+    # --- lookups -------------------------------------------------------------------------
 
     def get_local(self, key: SegmentKey) -> CachedSegment | None:
         """The in-process level only; never blocks on I/O; counts a memory hit or miss."""
@@ -64,23 +96,34 @@ class SpeechCache:
         return self._memory is not None and self._memory.contains(key.digest())
 
     def epoch(self) -> int:
-        """How many voices were forgotten so far. Taken when a stream opens (or a warm-up
-        is asked for) and given back to :meth:`put` as ``since``: a segment of a voice
-        forgotten after that is not stored (the stream began before the deletion)."""
+        """How many voices and scopes were forgotten so far. Taken when a stream opens
+        (or a warm-up is asked for) and given back to :meth:`put` as ``since``: a segment
+        of a voice or scope forgotten after that is not stored (the stream began before
+        the deletion)."""
         with self._lock:
             return self._forgets
 
-    def _forgotten_since(self, voice_digest: str, since: int) -> bool:
-        """Whether ``voice_digest`` was forgotten after epoch ``since`` (caller holds the
-        lock). Past :data:`MAX_FORGOTTEN` voices, an epoch too old to tell counts as
+    def _forgotten_since(self, key: SegmentKey, since: int) -> bool:
+        """Whether ``key``'s voice or scope was forgotten after epoch ``since`` (caller
+        holds the lock). Past :data:`MAX_FORGOTTEN`, an epoch too old to tell counts as
         forgotten."""
-        if not voice_digest:
-            return False
-        forgotten = self._forgotten.get(voice_digest)
-        if forgotten is not None:
-            return forgotten > since
+        names = [f"scope:{key.scope}"]
+        if key.voice_digest:
+            names.append(f"voice:{key.voice_digest}")
+        for name in names:
+            forgotten = self._forgotten.get(name)
+            if forgotten is not None and forgotten > since:
+                return True
         oldest = next(iter(self._forgotten.values()), None)
         return len(self._forgotten) >= MAX_FORGOTTEN and oldest is not None and since < oldest
+
+    def _forget(self, name: str) -> None:
+        with self._lock:
+            self._forgets += 1
+            self._forgotten[name] = self._forgets
+            self._forgotten.move_to_end(name)
+            while len(self._forgotten) > MAX_FORGOTTEN:
+                self._forgotten.popitem(last=False)
 
     def fetch(self, key: SegmentKey, done: Done) -> None:
         """Look in the shared level on the I/O thread; ``done(key, segment or None)`` is
@@ -97,17 +140,18 @@ class SpeechCache:
         def answer(segment: CachedSegment | None) -> None:
             if segment is not None:
                 with self._lock:  # not refilled by a lookup begun before a forget
-                    if not self._forgotten_since(key.voice_digest, since):
-                        memory.put(digest, key.voice_digest, segment)
+                    if not self._forgotten_since(key, since):
+                        memory.put(digest, key.scope, key.voice_digest, segment)
             done(key, segment)
 
-        self._shared.lookup(key, digest, answer)
+        self._shared.lookup(key, answer)
 
     def put(self, key: SegmentKey, segment: CachedSegment, *, since: int | None = None) -> None:
         """Keep ``segment`` in memory now and queue it for the shared level; never blocks.
         A segment too large to cache (over ~30 s at 48 kHz) is skipped, and so is one of a
-        voice forgotten after epoch ``since`` (:meth:`epoch`, taken when its stream began).
-        """
+        voice or scope forgotten after epoch ``since`` (:meth:`epoch`, taken when its
+        stream began). Whether a segment *may* be kept is the caller's to decide
+        (engine/scheduler/retention.py)."""
         if self._memory is None:
             return
         try:
@@ -116,41 +160,49 @@ class SpeechCache:
             log.debug("speech cache: not caching a segment: %s", exc)
             return
         digest = key.digest()
-        with self._lock:  # a forget_voice either sees this entry or refuses it
-            if since is not None and self._forgotten_since(key.voice_digest, since):
-                log.debug("speech cache: not caching a segment of a forgotten voice")
+        with self._lock:  # a forget either sees this entry or refuses it
+            if since is not None and self._forgotten_since(key, since):
+                log.debug("speech cache: not caching a segment of a forgotten voice or tenant")
                 return
-            self._memory.put(digest, key.voice_digest, segment)
+            self._memory.put(digest, key.scope, key.voice_digest, segment)
             if self._shared is not None:
-                self._shared.write(key, digest, segment)  # queued before a later forget
+                self._shared.write(key, segment)  # queued before a later forget
 
     def levels_holding(self, key: SegmentKey) -> tuple[str, ...]:
         """The levels holding ``key``: a subset of ("memory", "shared"). May block up to
         about the lookup timeout: call it off the coordinator thread and the event loop."""
         if self._memory is None:
             return ()
-        digest = key.digest()
         levels: list[str] = []
-        if self._memory.contains(digest):
+        if self._memory.contains(key.digest()):
             levels.append("memory")
-        if self._shared is not None and self._shared.contains(key, digest):
+        if self._shared is not None and self._shared.contains(key):
             levels.append("shared")
         return tuple(levels)
 
-    def forget_voice(self, voice_digest: str) -> None:
-        """Remove every entry of ``voice_digest`` from every level (blocks briefly: the
-        shared level's removal runs after the writes queued before it, up to 5 s)."""
+    # --- removal -------------------------------------------------------------------------
+
+    def forget_voice(self, scope: str, voice_digest: str) -> None:
+        """Remove every entry of ``voice_digest`` (a registered voice of ``scope``) from
+        every level (blocks briefly: the shared level's removal runs after the writes
+        queued before it, up to 5 s)."""
         if self._memory is None or not voice_digest:
             return  # "" is every built-in voice: never forgotten
-        with self._lock:
-            self._forgets += 1
-            self._forgotten[voice_digest] = self._forgets
-            self._forgotten.move_to_end(voice_digest)
-            while len(self._forgotten) > MAX_FORGOTTEN:
-                self._forgotten.popitem(last=False)
+        self._forget(f"voice:{voice_digest}")
         self._memory.forget_voice(voice_digest)
-        if self._shared is not None and not self._shared.forget_voice(voice_digest):
+        if self._shared is not None and not self._shared.forget_voice(scope, voice_digest):
             log.warning("speech cache: the shared level may still hold a forgotten voice")
+
+    def purge_scope(self, scope: str) -> int:
+        """Remove every entry of ``scope`` (a tenant's erasure) from every level; the
+        entries the memory level held. Blocks up to 30 s for the shared level."""
+        if self._memory is None or scope == SHARED_SCOPE:
+            return 0
+        self._forget(f"scope:{scope}")
+        removed = self._memory.purge_scope(scope)
+        if self._shared is not None and not self._shared.purge_scope(scope):
+            log.warning("speech cache: the shared level may still hold a purged tenant's")
+        return removed
 
     def stats(self) -> SpeechCacheStats:
         if self._memory is None:
@@ -178,27 +230,68 @@ class SpeechCache:
             self._shared.close()
 
 
-def open_shared_store(settings: SpeechCacheSettings) -> SharedStore | None:
-    """The shared store the settings name, or None (off, or it cannot be opened: the
-    cache then runs with its memory level only, and says so)."""
+def speech_cache_secret(settings: SpeechCacheSettings) -> bytes:
+    """The secret that names and seals shared entries: ``ENGINE_SPEECH_CACHE_SECRET``, or
+    the file ``ENGINE_SPEECH_CACHE_SECRET_FILE`` (created 0600 with a random one when
+    missing). Raises :class:`ConfigError` for a file that is not private."""
+    if settings.secret:
+        return settings.secret.encode("utf-8")
+    secret, created = read_or_create_secret(settings.secret_path)
+    if created:
+        log.info("speech cache: generated a new secret in %s", settings.secret_path)
+    if settings.shared_store == "redis":
+        log.warning(
+            "speech cache: ENGINE_SPEECH_CACHE_SECRET is not set: this host names and seals "
+            "its Redis entries with its own secret (%s), so other instances cannot read "
+            "them; give every instance the same ENGINE_SPEECH_CACHE_SECRET",
+            settings.secret_path,
+        )
+    return secret
+
+
+def prepare_speech_cache(environ: Mapping[str, str]) -> None:
+    """Make (or check) the private places the settings in ``environ`` name: the cache
+    directory and the secret file. Run by the gateway before it starts its engine, so a
+    squatted or foreign path stops the gateway at start (exit 2, naming the path) rather
+    than an engine restarting for ever; raises :class:`ConfigError`."""
+    settings = SpeechCacheSettings.from_env(environ)
+    if not settings.enabled or settings.shared_store is None:
+        return
+    if settings.shared_store == "directory":
+        private_directory(settings.cache_directory)
+    if not settings.secret:
+        read_or_create_secret(settings.secret_path)
+
+
+def open_shared_store(settings: SpeechCacheSettings, sealer: Sealer) -> SharedStore | None:
+    """The shared store the settings name, or None (off). A directory that is not
+    private fails loudly (:class:`ConfigError`); a Redis that cannot be reached now is
+    not an error (the client connects on use, and the level backs off while it fails)."""
     kind = settings.shared_store
     timeout_s = settings.timeout_ms / 1000
-    try:
-        if kind == "redis" and settings.redis_url:
+    budget = settings.shared_mb * 1024 * 1024
+    shared_label = sealer.label("scope", SHARED_SCOPE)
+    if kind == "redis" and settings.redis_url:
+        try:
             return RedisStore(
                 settings.redis_url,
                 timeout_s=timeout_s,
                 ttl_s=settings.ttl_s,
                 prefix=settings.redis_prefix,
+                scope_quota=settings.tenant_quota(budget),
+                shared_label=shared_label,
             )
-        if kind == "directory":
-            return DirectoryStore(
-                settings.cache_directory,
-                budget_bytes=settings.shared_mb * 1024 * 1024,
-                ttl_s=settings.ttl_s,
-            )
-    except (OSError, ValueError) as exc:
-        log.warning("speech cache: no shared level (%s store: %s)", kind, exc)
+        except (OSError, ValueError) as exc:  # a malformed URL
+            log.warning("speech cache: no shared level (redis: %s)", exc)
+            return None
+    if kind == "directory":
+        return DirectoryStore(
+            settings.cache_directory,
+            budget_bytes=budget,
+            ttl_s=settings.ttl_s,
+            scope_quota=settings.tenant_quota(budget),
+            shared_label=shared_label,
+        )
     return None
 
 
@@ -206,9 +299,14 @@ def open_speech_cache(settings: SpeechCacheSettings) -> SpeechCache:
     """The cache the settings describe (``enabled`` False: one that holds nothing)."""
     if not settings.enabled:
         return SpeechCache.disabled()
-    memory = MemoryLevel(settings.memory_mb * 1024 * 1024)
-    store = open_shared_store(settings)
+    budget = settings.memory_mb * 1024 * 1024
+    memory = MemoryLevel(budget, scope_quota=settings.tenant_quota(budget), ttl_s=settings.ttl_s)
     shared = None
-    if store is not None:
-        shared = SharedLevel(store, timeout_s=settings.timeout_ms / 1000)
+    if settings.shared_store is not None:
+        sealer = Sealer(speech_cache_secret(settings))
+        store = open_shared_store(settings, sealer)
+        if store is not None:
+            shared = SharedLevel(
+                store, sealer, timeout_s=settings.timeout_ms / 1000, ttl_s=settings.ttl_s
+            )
     return SpeechCache(memory, shared, enabled=True)

@@ -1,4 +1,5 @@
-"""Lookup counters of one cache level: hits and misses per backend, errors."""
+"""Lookup counters of one cache level: hits and misses per backend, errors, and entries
+rejected because they failed authentication or had expired (shared level)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ class LookupCounts:
         self._hits: dict[str, int] = {}
         self._misses: dict[str, int] = {}
         self._errors = 0
+        self._rejected = 0
 
     def hit(self, backend: str) -> None:
         with self._lock:
@@ -25,6 +27,16 @@ class LookupCounts:
     def error(self) -> None:
         with self._lock:
             self._errors += 1
+
+    def rejected(self) -> None:
+        """An entry that failed authentication (changed, forged, another secret)."""
+        with self._lock:
+            self._rejected += 1
+
+    @property
+    def rejections(self) -> int:
+        with self._lock:
+            return self._rejected
 
     def snapshot(self) -> tuple[dict[str, int], dict[str, int], int]:
         """(hits per backend, misses per backend, errors): copies."""

@@ -6,17 +6,42 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.ipc.env import ConfigError, env_int
+from engine.speech_cache.private import MIN_SECRET_BYTES
 from engine.speech_cache.redis_store import DEFAULT_PREFIX
 
 SHARED_CHOICES = ("auto", "redis", "directory", "off")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+_APP = "ivr-gateway"
 
 
-def default_directory() -> str:
-    return f"/var/tmp/voice-gateway-speech-cache-{os.getuid()}"
+def _home_dir(environ: Mapping[str, str], xdg: str, fallback: str) -> Path:
+    configured = environ.get(xdg)
+    if configured and os.path.isabs(configured):
+        return Path(configured)
+    home = environ.get("HOME") or ""
+    if not home or home == "/":
+        raise ConfigError(
+            f"no home directory for the speech cache (HOME is {home!r}): set "
+            "ENGINE_SPEECH_CACHE_DIR and ENGINE_SPEECH_CACHE_SECRET_FILE"
+        )
+    return Path(home) / fallback
+
+
+def default_directory(environ: Mapping[str, str] | None = None) -> str:
+    """``$XDG_CACHE_HOME/ivr-gateway/speech-cache`` (``~/.cache/...``): a place of this
+    user's, not a predictable path in a folder every user may write."""
+    env = os.environ if environ is None else environ
+    return str(_home_dir(env, "XDG_CACHE_HOME", ".cache") / _APP / "speech-cache")
+
+
+def default_secret_file(environ: Mapping[str, str] | None = None) -> str:
+    """``$XDG_STATE_HOME/ivr-gateway/speech-cache.secret`` (``~/.local/state/...``)."""
+    env = os.environ if environ is None else environ
+    return str(_home_dir(env, "XDG_STATE_HOME", ".local/state") / _APP / "speech-cache.secret")
 
 
 @dataclass(frozen=True)
@@ -26,8 +51,13 @@ class SpeechCacheSettings:
     shared: str = "auto"  # ENGINE_SPEECH_CACHE_SHARED: auto, redis, directory, off
     directory: str = ""  # ENGINE_SPEECH_CACHE_DIR ("" -> default_directory())
     shared_mb: int = 2048  # ENGINE_SPEECH_CACHE_SHARED_MB: the directory's budget
-    ttl_s: int = 604_800  # ENGINE_SPEECH_CACHE_TTL_S: shared entries' lifetime
+    ttl_s: int = 604_800  # ENGINE_SPEECH_CACHE_TTL_S: an entry's lifetime, every level
     timeout_ms: int = 50  # ENGINE_SPEECH_CACHE_TIMEOUT_MS: one shared lookup
+    # ENGINE_SPEECH_CACHE_TENANT_PERCENT: one tenant's share of each level's budget
+    # (Redis: of ENGINE_SPEECH_CACHE_SHARED_MB); beyond it, its own oldest entries go.
+    tenant_percent: int = 25
+    secret: str = ""  # ENGINE_SPEECH_CACHE_SECRET: names and seals shared entries
+    secret_file: str = ""  # ENGINE_SPEECH_CACHE_SECRET_FILE ("" -> default_secret_file())
     redis_url: str | None = None  # GATEWAY_REDIS_URL
     redis_prefix: str = DEFAULT_PREFIX
 
@@ -39,6 +69,10 @@ class SpeechCacheSettings:
             )
         if self.shared == "redis" and not self.redis_url:
             raise ConfigError("ENGINE_SPEECH_CACHE_SHARED=redis needs GATEWAY_REDIS_URL")
+        if self.secret and len(self.secret.encode()) < MIN_SECRET_BYTES:
+            raise ConfigError(
+                f"ENGINE_SPEECH_CACHE_SECRET must be at least {MIN_SECRET_BYTES} bytes"
+            )
 
     @property
     def shared_store(self) -> str | None:
@@ -52,6 +86,14 @@ class SpeechCacheSettings:
     @property
     def cache_directory(self) -> str:
         return self.directory or default_directory()
+
+    @property
+    def secret_path(self) -> str:
+        return self.secret_file or default_secret_file()
+
+    def tenant_quota(self, budget_bytes: int) -> int:
+        """One tenant's bytes at most in a level of ``budget_bytes``."""
+        return budget_bytes * self.tenant_percent // 100
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> SpeechCacheSettings:
@@ -68,5 +110,10 @@ class SpeechCacheSettings:
             timeout_ms=env_int(
                 environ, "ENGINE_SPEECH_CACHE_TIMEOUT_MS", 50, minimum=1, maximum=10_000
             ),
+            tenant_percent=env_int(
+                environ, "ENGINE_SPEECH_CACHE_TENANT_PERCENT", 25, minimum=1, maximum=100
+            ),
+            secret=environ.get("ENGINE_SPEECH_CACHE_SECRET") or "",
+            secret_file=environ.get("ENGINE_SPEECH_CACHE_SECRET_FILE") or "",
             redis_url=environ.get("GATEWAY_REDIS_URL") or None,
         )

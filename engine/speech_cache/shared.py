@@ -1,5 +1,11 @@
 """The shared level: a store (directory or Redis) behind the cache's own I/O threads.
 
+Entries are named and sealed (sealing.py) here, on these threads: the store only sees
+keyed names and sealed values. A value that fails to open (changed, forged, written
+under another secret or another name) is a miss, is deleted and counted
+(``rejected``); one whose sealed write time is older than the TTL is a miss and is
+deleted, whatever the store's own expiry says.
+
 No caller ever waits on the store. Lookups go through a bounded queue to the lookup
 thread; each has a deadline (the lookup timeout) and a watchdog thread answers ``None``
 for any lookup not answered by its deadline plus half a timeout (a hung store cannot
@@ -28,6 +34,7 @@ from typing import Protocol
 from engine.ipc.schema import CacheLevelStats
 from engine.speech_cache.counts import LookupCounts
 from engine.speech_cache.key import SegmentKey
+from engine.speech_cache.sealing import Sealer
 from engine.speech_cache.value import CachedSegment
 
 log = logging.getLogger(__name__)
@@ -35,16 +42,27 @@ log = logging.getLogger(__name__)
 Answer = Callable[[CachedSegment | None], None]
 
 
+@dataclass(frozen=True, slots=True)
+class Address:
+    """Where an entry lives in a store: its scope's label, its voice's label (keyed
+    hashes, ``_`` for built-in voices) and its name (a keyed hash of its key)."""
+
+    scope: str
+    voice: str
+    name: str
+
+
 class SharedStore(Protocol):
-    """A store of encoded segments by (voice digest, key digest); methods may raise."""
+    """A store of sealed entries by address; methods may raise."""
 
     name: str
 
-    def get(self, voice_digest: str, digest: str) -> bytes | None: ...
-    def contains(self, voice_digest: str, digest: str) -> bool: ...
-    def set(self, voice_digest: str, digest: str, data: bytes) -> None: ...
-    def delete(self, voice_digest: str, digest: str) -> None: ...
-    def forget_voice(self, voice_digest: str) -> int: ...
+    def get(self, address: Address) -> bytes | None: ...
+    def contains(self, address: Address) -> bool: ...
+    def set(self, address: Address, data: bytes) -> None: ...
+    def delete(self, address: Address) -> None: ...
+    def forget_voice(self, scope: str, voice: str) -> int: ...
+    def purge_scope(self, scope: str) -> int: ...
     def usage(self) -> tuple[int, int, int]: ...  # entries, bytes, evictions
     def maintain(self, now: float) -> None: ...
     def close(self) -> None: ...
@@ -53,7 +71,7 @@ class SharedStore(Protocol):
 @dataclass(eq=False, slots=True)
 class _Lookup:
     key: SegmentKey
-    digest: str
+    address: Address
     answer: Answer
     deadline: float
     finished: bool = False
@@ -62,7 +80,7 @@ class _Lookup:
 @dataclass(eq=False, slots=True)
 class _Probe:
     key: SegmentKey
-    digest: str
+    address: Address
     deadline: float
     found: bool = False
     ready: threading.Event = field(default_factory=threading.Event)
@@ -71,14 +89,17 @@ class _Probe:
 @dataclass(eq=False, slots=True)
 class _Write:
     key: SegmentKey
-    digest: str
+    address: Address
     segment: CachedSegment
     size: int
 
 
 @dataclass(eq=False, slots=True)
 class _Forget:
-    voice_digest: str
+    """Remove a voice's entries (``voice`` set) or a whole scope's (``voice`` None)."""
+
+    scope: str
+    voice: str | None
     done: bool = False
     ready: threading.Event = field(default_factory=threading.Event)
 
@@ -90,8 +111,10 @@ class SharedLevel:
     def __init__(
         self,
         store: SharedStore,
+        sealer: Sealer,
         *,
         timeout_s: float,
+        ttl_s: float = float("inf"),
         queue_items: int = 1024,
         queue_bytes: int = 64 * 1024 * 1024,
         errors_to_back_off: int = 3,
@@ -99,7 +122,9 @@ class SharedLevel:
         maintain_every_s: float = 30.0,
     ) -> None:
         self.store = store
+        self.sealer = sealer
         self.timeout_s = timeout_s
+        self.ttl_s = ttl_s
         self._grace_s = timeout_s / 2
         self._queue_bytes = queue_bytes
         self._errors_to_back_off = errors_to_back_off
@@ -125,15 +150,22 @@ class SharedLevel:
 
     # ------------------------------------------------------------------ callers
 
-    def lookup(self, key: SegmentKey, digest: str, answer: Answer) -> None:
-        """Look ``digest`` up; ``answer`` is called exactly once: from an I/O thread, or at
+    def address(self, key: SegmentKey) -> Address:
+        sealer = self.sealer
+        return Address(
+            sealer.label("scope", key.scope), sealer.label("voice", key.voice_digest),
+            sealer.name(key),
+        )  # fmt: skip
+
+    def lookup(self, key: SegmentKey, answer: Answer) -> None:
+        """Look ``key`` up; ``answer`` is called exactly once: from an I/O thread, or at
         once (synchronously) when the level is closed, backing off, or its queue is full."""
         now = time.monotonic()
         if self._closed or self._backing_off(now):
             self.counts.miss(key.backend, error=not self._closed)
             _call(answer, None)
             return
-        job = _Lookup(key, digest, answer, now + self.timeout_s)
+        job = _Lookup(key, self.address(key), answer, now + self.timeout_s)
         with self._watch:
             self._watched.append(job)
             if len(self._watched) == 1:
@@ -143,12 +175,12 @@ class SharedLevel:
         except queue.Full:
             self._finish(job, None, error=True)
 
-    def contains(self, key: SegmentKey, digest: str) -> bool:
-        """Whether the store holds ``digest``; waits at most about the lookup timeout
-        (False when it could not tell)."""
+    def contains(self, key: SegmentKey) -> bool:
+        """Whether the store holds ``key``, an entry that opens and has not expired;
+        waits at most about the lookup timeout (False when it could not tell)."""
         if self._closed or self._backing_off(time.monotonic()):
             return False
-        probe = _Probe(key, digest, time.monotonic() + self.timeout_s)
+        probe = _Probe(key, self.address(key), time.monotonic() + self.timeout_s)
         try:
             self._lookups.put_nowait(probe)
         except queue.Full:
@@ -156,7 +188,7 @@ class SharedLevel:
         probe.ready.wait(self.timeout_s + self._grace_s)
         return probe.found
 
-    def write(self, key: SegmentKey, digest: str, segment: CachedSegment) -> None:
+    def write(self, key: SegmentKey, segment: CachedSegment) -> None:
         """Queue a write; dropped (counted as an error) when the queue is full or the
         level is backing off. Never blocks."""
         if self._closed:
@@ -171,18 +203,25 @@ class SharedLevel:
                 return
             self._pending_bytes += size
         try:
-            self._writes.put_nowait(_Write(key, digest, segment, size))
+            self._writes.put_nowait(_Write(key, self.address(key), segment, size))
         except queue.Full:
             with self._lock:
                 self._pending_bytes -= size
             self.counts.error()
 
-    def forget_voice(self, voice_digest: str, wait_s: float = 5.0) -> bool:
+    def forget_voice(self, scope: str, voice_digest: str, wait_s: float = 5.0) -> bool:
         """Remove the voice's entries, after every write queued before (so none comes
         back); waits up to ``wait_s``. False when it failed or did not finish in time."""
+        voice = self.sealer.label("voice", voice_digest)
+        return self._forget(_Forget(self.sealer.label("scope", scope), voice), wait_s)
+
+    def purge_scope(self, scope: str, wait_s: float = 30.0) -> bool:
+        """Remove every entry of ``scope``, after every write queued before."""
+        return self._forget(_Forget(self.sealer.label("scope", scope), None), wait_s)
+
+    def _forget(self, job: _Forget, wait_s: float) -> bool:
         if self._closed:
             return False
-        job = _Forget(voice_digest)
         try:
             self._writes.put(job, timeout=wait_s)
         except queue.Full:
@@ -205,6 +244,7 @@ class SharedLevel:
             bytes=size,
             evictions=evictions,
             errors=errors,
+            rejected=self.counts.rejections,
         )
 
     def close(self, flush_s: float = 2.0) -> None:
@@ -290,7 +330,7 @@ class SharedLevel:
             self._finish(job, None, error=True)
             return
         try:
-            data = self.store.get(job.key.voice_digest, job.digest)
+            data = self.store.get(job.address)
         except Exception as exc:
             self._failed("lookup", exc)
             self._finish(job, None, error=True)
@@ -298,23 +338,33 @@ class SharedLevel:
         if job.finished:
             return  # the watchdog answered None and counted the failure
         self._succeeded()
-        segment = None
-        if data is not None:
-            try:
-                segment = CachedSegment.decode(data)
-            except ValueError as exc:
-                log.warning("speech cache: dropping a corrupt %s entry: %s", self.store.name, exc)
-                with contextlib.suppress(Exception):
-                    self.store.delete(job.key.voice_digest, job.digest)
-                self._finish(job, None, error=True)
-                return
+        segment = self._open(job.address, data) if data is not None else None
         self._finish(job, segment, error=False)
+
+    def _open(self, address: Address, data: bytes) -> CachedSegment | None:
+        """The segment sealed in ``data``, or None (then the entry is deleted): failed
+        authentication or decoding (counted ``rejected``), or expired."""
+        try:
+            written_at, payload = self.sealer.open(address.name, data)
+            if time.time() - written_at > self.ttl_s:
+                segment = None
+            else:
+                segment = CachedSegment.decode(payload)
+        except ValueError as exc:
+            log.warning("speech cache: rejecting a %s entry: %s", self.store.name, exc)
+            self.counts.rejected()
+            segment = None
+        if segment is None:
+            with contextlib.suppress(Exception):
+                self.store.delete(address)
+        return segment
 
     def _serve_probe(self, probe: _Probe) -> None:
         try:
             if time.monotonic() < probe.deadline:
-                probe.found = self.store.contains(probe.key.voice_digest, probe.digest)
+                data = self.store.get(probe.address)
                 self._succeeded()
+                probe.found = data is not None and self._open(probe.address, data) is not None
         except Exception as exc:
             self._failed("probe", exc)
             self.counts.error()
@@ -341,9 +391,12 @@ class SharedLevel:
                 self._maintain(time.monotonic())
             elif isinstance(job, _Forget):
                 try:
-                    self.store.forget_voice(job.voice_digest)
+                    if job.voice is None:
+                        self.store.purge_scope(job.scope)
+                    else:
+                        self.store.forget_voice(job.scope, job.voice)
                 except Exception as exc:
-                    log.warning("speech cache: forgetting a voice in %s: %s", self.store.name, exc)
+                    log.warning("speech cache: removing entries in %s: %s", self.store.name, exc)
                     self.counts.error()
                 else:
                     job.done = True
@@ -357,11 +410,11 @@ class SharedLevel:
             self.counts.error()
             return
         try:
-            data = job.segment.encode()
+            data = self.sealer.seal(job.address.name, job.segment.encode())
         except ValueError:
             return  # too large to cache: not an error of the store
         try:
-            self.store.set(job.key.voice_digest, job.digest, data)
+            self.store.set(job.address, data)
         except Exception as exc:
             self._failed("write", exc)
             self.counts.error()

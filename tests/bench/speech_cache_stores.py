@@ -19,13 +19,18 @@ Measured, with ``time.perf_counter_ns``:
    (encode included): segments per second and MB/s. Through the cache, ``put`` itself
    only queues the write; this is what the write thread sustains.
 2. *store get*: ``--lookups`` hits of random entries read straight from the store,
-   decode included: p50 / p99 / mean.
+   opened (AES-GCM: the entry's authentication and decryption, sealing.py) and decoded:
+   p50 / p99 / mean.
 3. *fetch*: the same hits through ``SpeechCache.fetch`` (the bounded queue, the lookup
    thread and the callback: what a stream waits for), one at a time, from the call to the
    callback. Memory: ``get_local``.
 4. *burst*: ``--burst`` fetches of one entry issued at once (callers hearing the same
    greeting at the same instant, each engine's memory level cold): time until the last
    answer.
+
+5. *sealing*: what naming and sealing cost per hit, in memory on this CPU: the entry's
+   name (HMAC-SHA256 of its key), opening one sealed entry (AES-GCM), decoding it alone,
+   and sealing one (on the write thread): p50 / p99 over ``--lookups``.
 
 For memory, ``bytes_per_audio_second`` is the level's own accounting divided by the audio
 it holds; for Redis, ``redis_usec_per_get`` is Redis's own CPU time per GET (``INFO
@@ -54,7 +59,10 @@ from engine.speech_cache import CachedSegment, SegmentKey, SpeechCache
 from engine.speech_cache.directory import DirectoryStore
 from engine.speech_cache.memory import MemoryLevel
 from engine.speech_cache.redis_store import RedisStore
-from engine.speech_cache.shared import SharedLevel, SharedStore
+from engine.speech_cache.sealing import Sealer
+from engine.speech_cache.shared import Address, SharedLevel, SharedStore
+
+SEALER = Sealer(b"speech-cache-benchmark-secret-0123456789")
 
 
 def percentiles_us(samples_ns: list[int]) -> dict[str, float]:
@@ -169,6 +177,34 @@ def bench_memory(args: argparse.Namespace, segments: list[CachedSegment]) -> dic
     }
 
 
+def address(key: SegmentKey) -> Address:
+    return Address(
+        SEALER.label("scope", key.scope), SEALER.label("voice", key.voice_digest), SEALER.name(key)
+    )
+
+
+def bench_sealing(args: argparse.Namespace, segments: list[CachedSegment]) -> dict[str, Any]:
+    """Naming and sealing per hit, in memory (no store)."""
+    key = make_key(0, args.rate)
+    payload = segments[0].encode()
+    name = SEALER.name(key)
+    sealed = SEALER.seal(name, payload)
+    times: dict[str, list[int]] = {"name": [], "open": [], "decode": [], "seal": []}
+    for _ in range(args.lookups):
+        t0 = time.perf_counter_ns()
+        SEALER.name(key)
+        t1 = time.perf_counter_ns()
+        SEALER.open(name, sealed)
+        t2 = time.perf_counter_ns()
+        CachedSegment.decode(payload)
+        t3 = time.perf_counter_ns()
+        SEALER.seal(name, payload)
+        t4 = time.perf_counter_ns()
+        for what, took in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            times[what].append(took)
+    return {what: percentiles_us(samples) for what, samples in times.items()}
+
+
 def bench_shared(
     args: argparse.Namespace, store: SharedStore, segments: list[CachedSegment]
 ) -> dict[str, Any]:
@@ -176,23 +212,27 @@ def bench_shared(
     encoded = [s.encode() for s in segments]
     start = time.perf_counter_ns()
     for key, segment in zip(keys, segments, strict=True):
-        store.set(key.voice_digest, key.digest(), segment.encode())
+        store.set(address(key), SEALER.seal(SEALER.name(key), segment.encode()))
     write_s = (time.perf_counter_ns() - start) / 1e9
     rng = random.Random(2)
     gets = []
     for _ in range(args.lookups):
         i = rng.randrange(args.entries)
         t0 = time.perf_counter_ns()
-        data = store.get(keys[i].voice_digest, keys[i].digest())
+        where = address(keys[i])
+        data = store.get(where)
         if data is None:
             raise RuntimeError(f"{store.name} lookup missed")
-        CachedSegment.decode(data)
+        _, payload = SEALER.open(where.name, data)
+        CachedSegment.decode(payload)
         gets.append(time.perf_counter_ns() - t0)
-        if data != encoded[i]:
+        if payload != encoded[i]:
             raise RuntimeError(f"{store.name} gave other bytes")
     timeout_s = args.timeout_ms / 1000
     # Memory budget 0: every fetch goes to the shared level (nothing is kept in memory).
-    cache = SpeechCache(MemoryLevel(0), SharedLevel(store, timeout_s=timeout_s), enabled=True)
+    cache = SpeechCache(
+        MemoryLevel(0), SharedLevel(store, SEALER, timeout_s=timeout_s), enabled=True
+    )
     try:
         fetches = []
         for _ in range(args.lookups):
@@ -230,6 +270,7 @@ def main() -> None:
 
     segments = [make_segment(args.seconds, args.rate, i) for i in range(args.entries)]
     results = [bench_memory(args, segments)]
+    sealing = bench_sealing(args, segments)
 
     folder = Path(tempfile.mkdtemp(prefix="speech-cache-bench-", dir=args.dir))
     try:
@@ -263,6 +304,7 @@ def main() -> None:
         "segment_encoded_bytes": len(segments[0].encode()),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "results": results,
+        "sealing_us": sealing,
     }
     header = (
         f"{'store':<10} {'writes/s':>9} {'MB/s':>7} {'get p50':>9} {'get p99':>9} "
@@ -281,6 +323,10 @@ def main() -> None:
             f"{r['burst_ms'] if r['burst_ms'] is not None else '-':>9}"
         )
     print(f"memory: {results[0]['bytes_per_audio_second']} bytes per cached audio-second")
+    print(
+        "sealing per hit (us, p50/p99): "
+        + ", ".join(f"{w} {v['p50_us']}/{v['p99_us']}" for w, v in sealing.items())
+    )
     if len(results) > 2:
         print(
             f"redis: {results[2]['redis_usec_per_get']} us of Redis CPU and "

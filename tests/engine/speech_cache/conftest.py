@@ -19,6 +19,23 @@ import pytest
 import redis
 
 from engine.speech_cache import CachedSegment, SegmentKey, SpeechCache
+from engine.speech_cache.sealing import Sealer
+from engine.speech_cache.shared import Address
+
+TEST_SECRET = "speech-cache-test-secret-0123456789abcdef"
+SEALER = Sealer(TEST_SECRET.encode())
+
+
+def address(key: SegmentKey, sealer: Sealer = SEALER) -> Address:
+    """Where ``key`` lives in a shared store sealed with ``sealer``."""
+    return Address(
+        sealer.label("scope", key.scope), sealer.label("voice", key.voice_digest), sealer.name(key)
+    )
+
+
+def sealed(key: SegmentKey, segment: CachedSegment, written_at: float | None = None) -> bytes:
+    """``segment`` as a shared store holds it under ``key``."""
+    return SEALER.seal(SEALER.name(key), segment.encode(), written_at)
 
 
 def make_key(text: str = "Welcome to Acme Bank.", **fields: object) -> SegmentKey:
@@ -48,21 +65,25 @@ def free_port() -> int:
 
 
 class RedisProcess:
-    """A redis-server on a free port, without persistence."""
+    """A redis-server on a free port, without persistence; with ``password``, it asks
+    for it (``requirepass``: the default user's AUTH) and :attr:`url` carries it."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, password: str | None = None) -> None:
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         self.workdir = workdir
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        auth = ["--requirepass", self.password] if self.password else []
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
+             "--appendonly", "no", "--dir", str(self.workdir), *auth],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.2)
         try:
             for _ in range(200):
                 try:

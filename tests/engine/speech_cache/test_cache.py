@@ -23,8 +23,11 @@ def test_settings_from_env() -> None:
     assert default == SpeechCacheSettings()
     assert default.enabled and default.memory_mb == 256 and default.shared_mb == 2048
     assert (default.ttl_s, default.timeout_ms) == (604_800, 50)
-    assert default.shared_store == "directory"
+    assert default.shared_store == "directory" and default.tenant_percent == 25
     assert default.cache_directory == default_directory()
+    assert default.cache_directory.endswith("/ivr-gateway/speech-cache")
+    assert default.secret_path.endswith("/ivr-gateway/speech-cache.secret")
+    assert default.tenant_quota(1000) == 250
     assert (
         SpeechCacheSettings.from_env({"GATEWAY_REDIS_URL": "redis://r:6379/0"}).shared_store
         == "redis"
@@ -37,12 +40,15 @@ def test_settings_from_env() -> None:
         "ENGINE_SPEECH_CACHE_SHARED_MB": "10",
         "ENGINE_SPEECH_CACHE_TTL_S": "60",
         "ENGINE_SPEECH_CACHE_TIMEOUT_MS": "20",
+        "ENGINE_SPEECH_CACHE_TENANT_PERCENT": "10",
+        "ENGINE_SPEECH_CACHE_SECRET": "s" * 32,
     }
     custom = SpeechCacheSettings.from_env(env)
     assert not custom.enabled and custom.memory_mb == 16 and custom.shared_store is None
     assert (custom.cache_directory, custom.shared_mb, custom.ttl_s, custom.timeout_ms) == (
         "/tmp/x", 10, 60, 20
     )  # fmt: skip
+    assert (custom.tenant_percent, custom.secret) == (10, "s" * 32)
     directory = SpeechCacheSettings.from_env(
         {"ENGINE_SPEECH_CACHE_SHARED": "directory", "GATEWAY_REDIS_URL": "redis://r"}
     )
@@ -53,6 +59,8 @@ def test_settings_from_env() -> None:
         {"ENGINE_SPEECH_CACHE_SHARED": "redis"},  # without GATEWAY_REDIS_URL
         {"ENGINE_SPEECH_CACHE_TIMEOUT_MS": "0"},
         {"ENGINE_SPEECH_CACHE_MEMORY_MB": "lots"},
+        {"ENGINE_SPEECH_CACHE_SECRET": "too short"},
+        {"ENGINE_SPEECH_CACHE_TENANT_PERCENT": "0"},
     ):
         with pytest.raises(ConfigError):
             SpeechCacheSettings.from_env(bad)
@@ -70,14 +78,15 @@ def test_disabled_cache_holds_nothing(tmp_path: Path) -> None:
     cache.fetch(key, lambda _, segment: answers.append(segment))
     assert answers == [None]  # at once
     assert cache.levels_holding(key) == ()
-    cache.forget_voice("")
+    cache.forget_voice(key.scope, "")
+    assert cache.purge_scope(key.scope) == 0
     assert cache.stats().enabled is False and cache.stats().levels == ()
     assert not (tmp_path / "c").exists()
     cache.close()
 
 
 def test_memory_only_cache_and_statistics() -> None:
-    cache = open_speech_cache(SpeechCacheSettings(shared="off", memory_mb=1))
+    cache = open_speech_cache(SpeechCacheSettings(shared="off", memory_mb=1, tenant_percent=100))
     try:
         assert cache.enabled and not cache.has_shared
         hello, bye = make_key("Hello."), make_key("Goodbye.", backend="piper")
@@ -118,13 +127,13 @@ def test_forget_voice_clears_every_level(tmp_path: Path) -> None:
             cache.put(key, make_segment(0.2))
         wait_for(lambda: all("shared" in cache.levels_holding(k) for k in keys + kept))
         assert fetch_sync(other_engine, keys[0]) is not None  # now in its memory too
-        cache.forget_voice(cloned)
+        cache.forget_voice(keys[0].scope, cloned)
         assert [cache.levels_holding(k) for k in keys] == [()] * 5
         assert [cache.levels_holding(k) for k in kept] == [("memory", "shared")] * 2
         # The other engine still has the entry it read in its own memory: each engine
         # receives ForgetVoice itself (the gateway sends it to every engine).
         assert other_engine.levels_holding(keys[0]) == ("memory",)
-        other_engine.forget_voice(cloned)
+        other_engine.forget_voice(keys[0].scope, cloned)
         assert other_engine.levels_holding(keys[0]) == ()
         assert fetch_sync(other_engine, keys[1]) is None
     finally:
@@ -132,16 +141,13 @@ def test_forget_voice_clears_every_level(tmp_path: Path) -> None:
         other_engine.close()
 
 
-def test_unusable_directory_leaves_the_memory_level(tmp_path: Path) -> None:
+def test_an_unusable_directory_fails_loudly(tmp_path: Path) -> None:
+    """A directory the cache cannot make private stops the engine at start (a
+    configuration error naming the path), instead of a warning and no shared level."""
     blocker = tmp_path / "file"
     blocker.write_bytes(b"")
-    cache = open_speech_cache(SpeechCacheSettings(shared="directory", directory=str(blocker)))
-    try:
-        assert cache.enabled and not cache.has_shared
-        cache.put(make_key(), make_segment(0.1))
-        assert cache.levels_holding(make_key()) == ("memory",)
-    finally:
-        cache.close()
+    with pytest.raises(ConfigError, match="not a directory"):
+        open_speech_cache(SpeechCacheSettings(shared="directory", directory=str(blocker)))
 
 
 def test_a_voice_forgotten_after_its_stream_began_is_not_stored_again(tmp_path: Path) -> None:
@@ -158,7 +164,7 @@ def test_a_voice_forgotten_after_its_stream_began_is_not_stored_again(tmp_path: 
         began = cache.epoch()
         cache.put(before, make_segment(0.2), since=began)
         wait_for(lambda: "shared" in cache.levels_holding(before))
-        cache.forget_voice(cloned)
+        cache.forget_voice(before.scope, cloned)
         cache.put(late, make_segment(0.2), since=began)  # the old call, after the deletion
         builtin = make_key("Late.")
         cache.put(builtin, make_segment(0.2), since=began)  # other voices are not affected
@@ -178,7 +184,7 @@ def test_forgetting_the_empty_digest_keeps_the_built_in_voices(tmp_path: Path) -
         key = make_key()  # a built-in voice: voice digest ""
         cache.put(key, make_segment(0.2))
         wait_for(lambda: "shared" in cache.levels_holding(key))
-        cache.forget_voice("")
+        cache.forget_voice(key.scope, "")
         assert cache.levels_holding(key) == ("memory", "shared")
     finally:
         cache.close()

@@ -7,8 +7,14 @@ from dataclasses import fields, replace
 
 import pytest
 
-from engine.speech_cache import MAX_PCM_BYTES, CachedSegment, SegmentKey
-from engine.speech_cache.key import speed_text
+from engine.speech_cache import (
+    MAX_PCM_BYTES,
+    SHARED_SCOPE,
+    CachedSegment,
+    SegmentKey,
+    tenant_scope,
+)
+from engine.speech_cache.key import registered_voice_digest, speed_text
 from engine.speech_cache.value import HEADER_BYTES
 from tests.engine.speech_cache.conftest import make_key, make_segment
 
@@ -23,6 +29,7 @@ CHANGED: dict[str, object] = {
     "instruct": "cheerful",
     "language": "en",
     "extra": (("noise_scale", "0.667"),),
+    "scope": "tenant:other",
 }
 
 
@@ -41,7 +48,10 @@ def test_digest_is_stable_and_canonical() -> None:
     key = make_key(extra=(("b", "2"), ("a", "1")))
     assert key.digest() == make_key(extra=(("a", "1"), ("b", "2"))).digest()
     assert len(key.digest()) == 64 and key.digest() == key.digest()
-    assert b'"version":"v1"' in key.canonical()
+    assert b'"version":"v2"' in key.canonical()
+    # The scope: a tenant's key is never another's, nor the operator's shared one's.
+    assert make_key(scope=tenant_scope("a")).digest() != make_key(scope=SHARED_SCOPE).digest()
+    assert tenant_scope("shared") != SHARED_SCOPE
     # Speed: the same to 4 places is the same key; a 5th-place difference is not a new one.
     assert make_key(speed=1).digest() == make_key(speed=1.00001).digest()
     assert make_key(speed=1.0).digest() != make_key(speed=1.0001).digest()
@@ -90,3 +100,16 @@ def test_size_is_bounded() -> None:
         CachedSegment.decode(header + b"\x00" * 64)
     longest = CachedSegment(pcm=b"\x00\x00" * (MAX_PCM_BYTES // 2))
     assert CachedSegment.decode(longest.encode()) == longest
+
+
+def test_registered_voice_digest_names_tenant_and_voice() -> None:
+    """Two tenants, or one tenant's two voices, made from the same reference audio never
+    share a digest (nor cached speech, nor a deletion)."""
+    features = b"features" * 10
+    digests = {
+        registered_voice_digest("acme", "vc_1", features),
+        registered_voice_digest("other", "vc_1", features),
+        registered_voice_digest("acme", "vc_2", features),
+        registered_voice_digest("acme", "vc_1", features + b"!"),
+    }
+    assert len(digests) == 4 and all(len(d) == 64 for d in digests)
