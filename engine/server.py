@@ -8,7 +8,7 @@ when it goes away. Slots are allocated here from a fixed pool; an exhausted pool
 The speech cache (engine/speech_cache) is given to the server by whoever opened it
 (``python -m engine``: from ``SpeechCacheSettings.from_env``), who also closes it after
 :meth:`EngineServer.stop`; without one the cache is off. WarmPrompt, CheckPrompt and
-ForgetVoice are handled by :class:`~engine.prompts.PromptService`; Pong carries the
+ForgetVoice and PurgeTenant are handled by :class:`~engine.prompts.PromptService`; Pong carries the
 cache's statistics.
 """
 
@@ -40,6 +40,7 @@ from engine.ipc.schema import (
     Pong,
     PrepareVoice,
     ProtocolError,
+    PurgeTenant,
     Speak,
     StreamClosed,
     StreamOpened,
@@ -51,7 +52,7 @@ from engine.ipc.schema import (
 from engine.ipc.shm import SharedRegion, SlotArena
 from engine.prompts import PromptService
 from engine.scheduler import START_TIMEOUT_S, Scheduler
-from engine.speech_cache import SpeechCache
+from engine.speech_cache import SpeechCache, tenant_scope
 from engine.vad import SileroVad, VadModel, VadWorker
 from telephony.codecs.formats import ENGINE_RATES
 
@@ -214,6 +215,7 @@ class _Connection(asyncio.Protocol):
                     message.final,
                     message.release,
                     instruct=message.instruct,
+                    retain=message.retain,
                 )
         elif isinstance(message, Cancel):
             slot = self.streams.get(message.stream_id)
@@ -236,7 +238,9 @@ class _Connection(asyncio.Protocol):
         elif isinstance(message, CheckPrompt):
             server.prompts.check(self.send, message.request_id, message.prompt)
         elif isinstance(message, ForgetVoice):
-            server.prompts.forget(message.voice_digest)
+            server.prompts.forget(message.voice_digest, message.tenant)
+        elif isinstance(message, PurgeTenant):
+            server.prompts.purge(self.send, message.request_id, message.tenant)
         elif isinstance(message, CloseStream):
             slot = self.streams.pop(message.stream_id, None)
             if slot is None:
@@ -310,6 +314,9 @@ class _Connection(asyncio.Protocol):
             boundaries=server.layout.arena.boundaries(slot),
             voice=voice,
             sample_rate=message.sample_rate,
+            scope=tenant_scope(message.tenant),
+            retain=message.retain,
+            voice_digest=message.voice_digest,
         )
         self.send(StreamOpened(stream_id=message.stream_id, slot=slot))
 

@@ -14,7 +14,8 @@ import contextlib
 import itertools
 import logging
 import os
-from typing import Any, Protocol, cast
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, cast
 
 from engine.ipc.ring import SpscRing
 from engine.ipc.schema import (
@@ -36,11 +37,13 @@ from engine.ipc.schema import (
     PromptRequest,
     PromptState,
     ProtocolError,
+    PurgeTenant,
     Speak,
     SpeechStarted,
     StreamClosed,
     StreamOpened,
     StreamRejected,
+    TenantPurged,
     UtteranceAudio,
     UtteranceEnd,
     UtteranceFailed,
@@ -54,6 +57,7 @@ from engine.ipc.schema import (
 from engine.ipc.shm import SharedRegion, SlotArena
 
 log = logging.getLogger(__name__)
+AnswerT = TypeVar("AnswerT")
 
 
 class EngineUnavailable(Exception):
@@ -109,6 +113,7 @@ class EngineStream:
         final: bool,
         release: bool = False,
         instruct: str | None = None,
+        retain: bool | None = None,
     ) -> None:
         self.client.send(
             Speak(
@@ -118,6 +123,7 @@ class EngineStream:
                 final=final,
                 release=release,
                 instruct=instruct,
+                retain=retain,
             )
         )
 
@@ -210,6 +216,7 @@ class EngineClient(asyncio.Protocol):
         self._opening: dict[int, asyncio.Future[StreamOpened]] = {}
         self._preparing: dict[int, asyncio.Future[VoicePrepared]] = {}
         self._prompts: dict[int, asyncio.Future[PromptState]] = {}
+        self._purges: dict[int, asyncio.Future[TenantPurged]] = {}
         self.streams: dict[int, EngineStream] = {}
         self._ids = itertools.count(1)
         self._ping_seq = itertools.count(1)
@@ -279,6 +286,7 @@ class EngineClient(asyncio.Protocol):
             *self._opening.values(),
             *self._preparing.values(),
             *self._prompts.values(),
+            *self._purges.values(),
         ]
         for future in futures:
             if not future.done():
@@ -288,6 +296,7 @@ class EngineClient(asyncio.Protocol):
         self._opening.clear()
         self._preparing.clear()
         self._prompts.clear()
+        self._purges.clear()
         streams = list(self.streams.values())
         self.streams.clear()
         for stream in streams:
@@ -333,6 +342,10 @@ class EngineClient(asyncio.Protocol):
             answer = self._prompts.pop(message.request_id, None)
             if answer is not None and not answer.done():
                 answer.set_result(message)
+        elif isinstance(message, TenantPurged):
+            purged = self._purges.pop(message.request_id, None)
+            if purged is not None and not purged.done():
+                purged.set_result(message)
         elif isinstance(message, ProtocolError):
             log.error("engine reports a protocol error: %s", message.message)
         else:
@@ -398,9 +411,19 @@ class EngineClient(asyncio.Protocol):
         """Which speech-cache levels hold each segment of ``prompt`` (nothing is rendered)."""
         return await self._prompt_request(CheckPrompt, prompt, timeout, "CheckPrompt")
 
-    def forget_voice(self, voice_digest: str) -> None:
-        """Ask the engine to drop every cached segment of a registered voice."""
-        self.send(ForgetVoice(voice_digest=voice_digest))
+    def forget_voice(self, voice_digest: str, tenant: str) -> None:
+        """Ask the engine to drop every cached segment of ``tenant``'s registered voice."""
+        self.send(ForgetVoice(voice_digest=voice_digest, tenant=tenant))
+
+    async def purge_tenant(self, tenant: str, *, timeout: float = 60.0) -> TenantPurged:
+        """Ask the engine to drop everything cached from ``tenant``; raises
+        :class:`EngineUnavailable` when there is no answer in ``timeout``."""
+        return await self._request(
+            self._purges,
+            lambda request_id: PurgeTenant(request_id=request_id, tenant=tenant),
+            timeout,
+            "PurgeTenant",
+        )
 
     async def _prompt_request(
         self,
@@ -409,16 +432,30 @@ class EngineClient(asyncio.Protocol):
         timeout: float,
         name: str,
     ) -> PromptState:
+        return await self._request(
+            self._prompts, lambda request_id: kind(request_id=request_id, prompt=prompt),
+            timeout, name,
+        )  # fmt: skip
+
+    async def _request(
+        self,
+        waiting: dict[int, asyncio.Future[AnswerT]],
+        message: Callable[[int], Message],
+        timeout: float,
+        name: str,
+    ) -> AnswerT:
+        """Send ``message(request_id)`` and wait for its answer (put in ``waiting`` by
+        :meth:`_handle`); raises :class:`EngineUnavailable` after ``timeout``."""
         request_id = next(self._ids)
-        future: asyncio.Future[PromptState] = asyncio.get_running_loop().create_future()
-        self._prompts[request_id] = future
+        future: asyncio.Future[AnswerT] = asyncio.get_running_loop().create_future()
+        waiting[request_id] = future
         try:
-            self.send(kind(request_id=request_id, prompt=prompt))
+            self.send(message(request_id))
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise EngineUnavailable(f"engine did not answer {name}") from None
         finally:
-            self._prompts.pop(request_id, None)
+            waiting.pop(request_id, None)
 
     async def ping(self, timeout: float) -> Pong:
         seq = next(self._ping_seq)
@@ -443,6 +480,9 @@ class EngineClient(asyncio.Protocol):
         voice_profile: bytes | None = None,
         input_sample_rate: int | None = None,
         instruct: str | None = None,
+        tenant: str = "",
+        retain: bool = True,
+        voice_digest: str = "",
         timeout: float = 5.0,
     ) -> EngineStream:
         """Open a stream; raises :class:`EngineRejected` or :class:`EngineUnavailable`."""
@@ -460,6 +500,9 @@ class EngineClient(asyncio.Protocol):
                     voice_profile=voice_profile,
                     input_sample_rate=input_sample_rate,
                     instruct=instruct,
+                    tenant=tenant,
+                    retain=retain,
+                    voice_digest=voice_digest,
                 )
             )
             opened = await asyncio.wait_for(future, timeout)

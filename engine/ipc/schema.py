@@ -17,6 +17,7 @@ Conversation (gateway = client, engine = server)::
     WarmPrompt       ->  PromptState          (every segment rendered into the speech cache)
     CheckPrompt      ->  PromptState          (which cache levels hold each segment)
     ForgetVoice      ->  (nothing)            (a registered voice's cached speech is dropped)
+    PurgeTenant      ->  TenantPurged         (everything cached from a tenant is dropped)
     Cancel           ->  Cancelled            (no more writes to the slot after write_pos)
     CloseStream      ->  StreamClosed         (the slot is free again)
 
@@ -32,7 +33,10 @@ from typing import Final
 
 import msgspec
 
-PROTOCOL_VERSION: Final = 3  # 2: UtteranceWords, Speak.release, CancelUtterance; 3: speech cache
+# 2: UtteranceWords, Speak.release, CancelUtterance; 3: speech cache; 4: its tenants
+# (OpenStream.tenant/retain/voice_digest, Speak.retain, PromptRequest.tenant/shared,
+# ForgetVoice.tenant, PurgeTenant)
+PROTOCOL_VERSION: Final = 4
 MAX_FRAME_BYTES: Final = 4 << 20  # a 30 s reference recording (PrepareVoice) is ~1 MB
 MAX_INSTRUCT_CHARS: Final = 200  # ``instruct`` (start, speak): a style instruction
 _LENGTH = struct.Struct(">I")
@@ -70,6 +74,12 @@ class OpenStream(Message):
     # A style instruction (dialect, emotion) for backends that follow one (CosyVoice2);
     # others refuse the stream with ``instruct_unsupported``.
     instruct: str | None = None
+    # The speech cache: whose speech it is (no tenant hits, checks or evicts another's),
+    # whether its utterances may be kept by default (``cache``, DESIGN.md section 8), and
+    # the registered voice's digest (engine/speech_cache/key.py registered_voice_digest).
+    tenant: str = ""
+    retain: bool = True
+    voice_digest: str = ""
 
 
 class Speak(Message):
@@ -82,8 +92,10 @@ class Speak(Message):
     text: str
     final: bool = True
     release: bool = False
-    # With an utterance's first text only: its own style instruction (``instruct``).
+    # With an utterance's first text only: its own style instruction (``instruct``) and
+    # its own ``cache`` (None: the stream's).
     instruct: str | None = None
+    retain: bool | None = None
 
 
 class Cancel(Message):
@@ -126,6 +138,12 @@ class PromptRequest(msgspec.Struct, frozen=True, kw_only=True):
     language: str | None = None
     voice_profile: bytes | None = None  # a registered voice's features
     instruct: str | None = None
+    # Whose prompt it is: a tenant's (its calls alone hear it from the cache), or
+    # ``shared``, declared by the operator (the prompts file, the SIP flows): every
+    # tenant's calls of its text hear it. ``voice_digest`` as in OpenStream.
+    tenant: str = ""
+    shared: bool = False
+    voice_digest: str = ""
 
 
 class WarmPrompt(Message):
@@ -145,10 +163,19 @@ class CheckPrompt(Message):
 
 
 class ForgetVoice(Message):
-    """Drop every cached segment spoken in the registered voice whose features have this
-    digest (sha256 hex of ``voice_profile``), in every level. No answer."""
+    """Drop every cached segment spoken in the registered voice of ``tenant`` with this
+    digest (OpenStream.voice_digest), in every level. No answer."""
 
     voice_digest: str
+    tenant: str = ""
+
+
+class PurgeTenant(Message):
+    """Drop everything cached from ``tenant``'s calls and prompts, in every level (the
+    tenant's erasure). Answered by TenantPurged."""
+
+    request_id: int
+    tenant: str
 
 
 # --- engine -> gateway -------------------------------------------------------------
@@ -207,8 +234,9 @@ class CacheLevelStats(msgspec.Struct, kw_only=True):
     misses: dict[str, int] = msgspec.field(default_factory=dict)  # backend -> not found
     entries: int = 0
     bytes: int = 0
-    evictions: int = 0  # entries dropped for the byte budget
+    evictions: int = 0  # entries dropped for the byte budgets (the level's, a tenant's)
     errors: int = 0  # lookups or writes that failed or timed out (counted as misses)
+    rejected: int = 0  # shared entries that failed authentication (deleted, missed)
 
 
 class SpeechCacheStats(msgspec.Struct, kw_only=True):
@@ -347,6 +375,16 @@ class PromptState(Message):
     message: str = ""
 
 
+class TenantPurged(Message):
+    """Answer to PurgeTenant: ``entries`` the memory level dropped (the shared level's
+    are gone too unless ``code`` says otherwise: ``speech_cache_off``, ``engine_error``)."""
+
+    request_id: int
+    entries: int = 0
+    code: str = ""
+    message: str = ""
+
+
 class StreamClosed(Message):
     """The engine no longer touches the stream's slot."""
 
@@ -372,6 +410,7 @@ ToEngine = (
     | WarmPrompt
     | CheckPrompt
     | ForgetVoice
+    | PurgeTenant
 )
 FromEngine = (
     Welcome
@@ -388,6 +427,7 @@ FromEngine = (
     | VoicePrepared
     | VoicePrepareFailed
     | PromptState
+    | TenantPurged
     | ProtocolError
 )
 

@@ -65,6 +65,7 @@ from engine.scheduler.output import (
     relative_words,
 )
 from engine.scheduler.policy import RESERVE_FACTOR, RESERVE_FLOOR_S, Policy
+from engine.scheduler.retention import may_keep
 from engine.scheduler.state import (
     Generations,
     Lane,
@@ -75,8 +76,8 @@ from engine.scheduler.state import (
     Utterance,
 )
 from engine.scheduler.warm import MAX_WARM_JOBS, WARM_TIMEOUT_S, WarmJob, WarmRequest
-from engine.speech_cache import CachedSegment, SegmentKey, SpeechCache
-from engine.text import SegmentSplitter
+from engine.speech_cache import CachedSegment, SegmentKey, SpeechCache, tenant_scope
+from engine.text import stream_splitter
 from telephony.codecs.resample import StreamingResampler
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class _Speak:
     final: bool
     release: bool = False
     instruct: str | None = None
+    retain: bool | None = None  # the utterance's own ``cache``; None: the stream's
 
 
 @dataclass(frozen=True)
@@ -256,7 +258,13 @@ class Scheduler:
         boundaries: SpscRing,
         voice: RoutedVoice,
         sample_rate: int,
+        scope: str = tenant_scope(""),
+        retain: bool = True,
+        voice_digest: str = "",
     ) -> None:
+        """``scope``: whose speech it is (the speech cache's key); ``retain``: whether
+        its utterances may be kept by default; ``voice_digest``: its registered voice's
+        (engine/speech_cache/key.py), "" for a built-in voice."""
         stream = Stream(
             slot,
             stream_id,
@@ -269,8 +277,12 @@ class Scheduler:
             bytes_per_second=2 * sample_rate,
             sample_rate=sample_rate,
         )
+        stream.scope, stream.retain, stream.voice_digest = scope, retain, voice_digest
         if self._cache.enabled:
-            stream.keys = key_maker(voice, voice.handle, None, sample_rate)
+            stream.keys = key_maker(
+                voice, voice.handle, None, sample_rate, scope=scope,
+                voice_digest=voice_digest, declared=self._cache.is_declared,
+            )  # fmt: skip
             stream.cache_epoch = self._cache.epoch()  # its voice deleted later: not stored
         if self._tap_directory:
             name = f"{time.time_ns()}-slot{slot}-stream{stream_id}-{sample_rate}hz.pcm"
@@ -287,10 +299,11 @@ class Scheduler:
         release: bool = False,
         *,
         instruct: str | None = None,
+        retain: bool | None = None,
     ) -> None:
         """Text for ``utterance``; ``instruct`` (with its first text) gives the utterance
-        its own style instruction."""
-        self._commands.put(_Speak(slot, utterance, text, final, release, instruct))
+        its own style instruction, ``retain`` (likewise) its own ``cache`` setting."""
+        self._commands.put(_Speak(slot, utterance, text, final, release, instruct, retain))
 
     def cancel(self, slot: int) -> None:
         self._generations.bump(slot)
@@ -440,10 +453,20 @@ class Scheduler:
             and not cancelled
         ):
             cached = CachedSegment(bytes(record.pcm), words)
-            self._cache.put(segment.key, cached, since=stream.cache_epoch)
+            if self._may_keep(utterance, segment.key, segment.text):
+                self._cache.put(segment.key, cached, since=stream.cache_epoch)
             self._add_to_cut(stream, utterance, cached)
         else:
             utterance.cut = None  # a piece that cannot be stored: nor can the whole
+
+    def _may_keep(self, utterance: Utterance, key: SegmentKey, text: str) -> bool:
+        """Whether ``text`` of ``utterance``, synthesized under ``key``, may be stored
+        (engine/scheduler/retention.py)."""
+        return may_keep(
+            retain=utterance.retain,
+            declared=self._cache.is_declared(key),
+            personal=text in utterance.private,
+        )
 
     def _add_to_cut(self, stream: Stream, utterance: Utterance, piece: CachedSegment) -> None:
         """``piece`` (synthesized or from the cache) just played: if it is a piece of a
@@ -462,8 +485,10 @@ class Scheduler:
             return
         utterance.cut = None
         if utterance.keys is not None:
-            whole = CachedSegment(bytes(cut.pcm), tuple(cut.words))
-            self._cache.put(utterance.keys.key(cut.text), whole, since=stream.cache_epoch)
+            key = utterance.keys.key(cut.text)
+            if self._may_keep(utterance, key, cut.text):
+                whole = CachedSegment(bytes(cut.pcm), tuple(cut.words))
+                self._cache.put(key, whole, since=stream.cache_epoch)
 
     # --- the speech cache ----------------------------------------------------------------
 
@@ -782,10 +807,9 @@ class Scheduler:
             return  # more text for an utterance that already failed
         utterance = stream.utterances[-1] if stream.utterances else None
         if utterance is None or utterance.seq != command.utterance or utterance.final:
-            utterance = Utterance(
-                command.utterance, SegmentSplitter(language=stream.voice.language)
-            )
+            utterance = Utterance(command.utterance, stream_splitter(stream.voice.language))
             utterance.keys = stream.keys
+            utterance.retain = stream.retain if command.retain is None else command.retain
             stream.utterances.append(utterance)
             if command.instruct:
                 settings = replace(stream.voice.settings, instruct=command.instruct)
@@ -796,8 +820,10 @@ class Scheduler:
                     return
                 if stream.keys is not None:
                     utterance.keys = key_maker(
-                        stream.voice, utterance.handle, command.instruct, stream.sample_rate
-                    )
+                        stream.voice, utterance.handle, command.instruct, stream.sample_rate,
+                        scope=stream.scope, voice_digest=stream.voice_digest,
+                        declared=self._cache.is_declared,
+                    )  # fmt: skip
         utterance.chars += len(command.text)
         if utterance.chars > self._max_text_chars:
             self._output.fail(stream, utterance, "text_too_long", "utterance text over the limit")
@@ -809,6 +835,8 @@ class Scheduler:
         elif command.release:
             segments += utterance.splitter.release()
         utterance.segments.extend(segments)
+        personal = utterance.splitter.personal
+        utterance.private.update(text for text in segments if text in personal)
         if utterance.keys is not None and self._cache.enabled:
             keys = utterance.keys
             utterance.cached_texts.update(
@@ -822,7 +850,7 @@ class Scheduler:
         for utterance in stream.utterances:
             if utterance.seq == command.utterance:
                 utterance.segments.clear()  # the one a worker may hold is its last
-                utterance.splitter = SegmentSplitter(language=stream.voice.language)
+                utterance.splitter = stream_splitter(stream.voice.language)
                 utterance.final = True
         stream.failed.append(command.utterance)  # its later text is ignored
 

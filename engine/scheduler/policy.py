@@ -232,6 +232,8 @@ class Policy:
             if len(pieces) > 1:
                 whole = head.segments.popleft()
                 head.segments.extendleft(reversed(pieces))
+                if whole in head.private:  # its pieces carry its personal data
+                    head.private.update(pieces)
                 if head.cut is None:
                     head.cut = CutSegment(whole, len(pieces))
                 else:  # a piece cut again: the whole is still the first cut's text

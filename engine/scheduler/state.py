@@ -59,6 +59,10 @@ class Utterance:
     # Its segments that the memory level held when their text came: no synthesis work
     # for the capacity fit (an estimate: one evicted meanwhile is synthesized as usual).
     cached_texts: set[str] = field(default_factory=set)
+    # What the cache may keep (engine/scheduler/retention.py): ``retain`` False keeps
+    # nothing of it; ``private``: its segments (and their pieces) that carry personal data.
+    retain: bool = True
+    private: set[str] = field(default_factory=set)
     cut: CutSegment | None = None  # its segment in pieces, while they play
     startable_since: float | None = None  # first seen able to start (the start deadline)
     dispatched: bool = False  # a segment of it went to synthesis: the deadline is over
@@ -103,6 +107,11 @@ class Stream:
     fetching: int = 0  # the token of its speech-cache lookup in the shared level (0: none)
     keys: KeyMaker | None = None  # its voice's speech-cache keys (None: not cached)
     cache_epoch: int = 0  # the speech cache's epoch when it opened (SpeechCache.epoch)
+    # Whose its speech is (the key's scope), whether its utterances may be kept by
+    # default, and its registered voice's digest (from the gateway; "" built-in).
+    scope: str = "tenant:"
+    retain: bool = True
+    voice_digest: str = ""
     record: SegmentRecord | None = None  # the segment in synthesis, kept for the cache
     busy_until: float = 0.0  # when that segment is expected done (monotonic)
     busy_audio_s: float = 0.0  # and the audio it is expected to give

@@ -23,11 +23,14 @@ from engine.backends.synthetic import SyntheticBackend
 from engine.ipc.client import EngineClient
 from engine.ipc.schema import PromptRequest, PromptState
 from engine.ipc.shm import SharedRegion, SlotArena
+from engine.prompts import MAX_CHECKS_PER_TENANT
 from engine.server import EngineLayout, EngineServer
 from engine.speech_cache import SpeechCache, SpeechCacheSettings, open_speech_cache
 from engine.speech_cache.directory import DirectoryStore
+from engine.speech_cache.key import registered_voice_digest
 from engine.speech_cache.memory import MemoryLevel
 from engine.speech_cache.shared import SharedLevel
+from tests.engine.speech_cache.conftest import SEALER, TEST_SECRET
 from tests.engine.test_server_client import Listener, LoudnessVad, _socket_path, open_stream, until
 
 OUT_RING = 256 * 1024
@@ -60,7 +63,9 @@ async def start_engine(tmp_path: Path) -> AsyncIterator[StartEngine]:
     ) -> Running:
         if cache is None:
             directory = str(tmp_path / "speech-cache")
-            cache = open_speech_cache(SpeechCacheSettings(shared="directory", directory=directory))
+            cache = open_speech_cache(
+                SpeechCacheSettings(shared="directory", directory=directory, secret=TEST_SECRET)
+            )
         name = f"test-engine-{os.getpid()}-{secrets.token_hex(4)}"
         region = SharedRegion.create(
             name, SlotArena.region_size(4, OUT_RING, IN_RING), directory=str(tmp_path)
@@ -164,15 +169,51 @@ async def test_forget_voice_removes_a_registered_voice_s_segments(start_engine):
     client = engine.client
     tone = (8000 * np.sin(2 * np.pi * 300 * np.arange(16000) / 16000)).astype("<i2").tobytes()
     features = SyntheticBackend().prepare_voice(tone, None)
-    cloned = prompt(voice_profile=features)
+    digest = registered_voice_digest("acme", "vc_0123456789abcdef", features)
+    cloned = prompt(voice_profile=features, tenant="acme", voice_digest=digest)
     await client.warm_prompt(cloned, timeout=10)
-    await client.warm_prompt(prompt(), timeout=10)
+    await client.warm_prompt(prompt(tenant="acme"), timeout=10)
     await check_until(client, cloned, [("memory", "shared")] * 2)
-    import hashlib
-
-    client.forget_voice(hashlib.sha256(features).hexdigest())
+    client.forget_voice(digest, "acme")
     await check_until(client, cloned, [(), ()])
-    await check_until(client, prompt(), [("memory", "shared")] * 2)  # other voices stay
+    await check_until(client, prompt(tenant="acme"), [("memory", "shared")] * 2)
+
+
+async def test_checks_and_purges_are_the_tenants_own(start_engine):
+    """A check answers the asking tenant's levels only (tenant B's check of the prompt
+    tenant A warmed finds nothing); the operator's shared prompt is everyone's; a purge
+    drops one tenant's entries from memory and the shared level, no one else's."""
+    engine = await start_engine()
+    client = engine.client
+    await client.warm_prompt(prompt(tenant="acme"), timeout=10)
+    await client.warm_prompt(prompt("Please hold.", shared=True), timeout=10)
+    await check_until(client, prompt(tenant="acme"), [("memory", "shared")] * 2)
+    assert levels(await client.check_prompt(prompt(tenant="other"))) == [(), ()]
+    await check_until(client, prompt("Please hold.", shared=True), [("memory", "shared")])
+    assert levels(await client.check_prompt(prompt("Please hold.", tenant="other"))) == [()]
+    await client.warm_prompt(prompt(tenant="other"), timeout=10)
+    purged = await client.purge_tenant("acme")
+    assert (purged.code, purged.entries) == ("", 2)
+    assert levels(await client.check_prompt(prompt(tenant="acme"))) == [(), ()]
+    await check_until(client, prompt(tenant="other"), [("memory", "shared")] * 2)
+    await check_until(client, prompt("Please hold.", shared=True), [("memory", "shared")])
+
+
+async def test_one_tenants_checks_are_bounded_without_refusing_anothers(start_engine):
+    engine = await start_engine()
+    prompts = engine.server.prompts
+    sent: list[PromptState] = []
+    for i in range(MAX_CHECKS_PER_TENANT + 3):
+        prompts.check(sent.append, i, prompt(tenant="flood"))
+    prompts.check(sent.append, 99, prompt(tenant="acme"))
+    refused = [s.request_id for s in sent if s.code == "overloaded"]
+    assert refused == [MAX_CHECKS_PER_TENANT, MAX_CHECKS_PER_TENANT + 1,
+                       MAX_CHECKS_PER_TENANT + 2]  # fmt: skip
+    for _ in range(100):
+        if len(sent) == MAX_CHECKS_PER_TENANT + 4:
+            break
+        await asyncio.sleep(0.02)
+    assert next(s for s in sent if s.request_id == 99).code == ""
 
 
 @pytest.mark.parametrize(
@@ -228,19 +269,20 @@ class SlowForgetStore(DirectoryStore):
         super().__init__(root, budget_bytes=1 << 30, ttl_s=3600)
         self.go = threading.Event()
 
-    def forget_voice(self, voice_digest: str) -> int:
+    def forget_voice(self, scope: str, voice: str) -> int:
         self.go.wait(10)
-        return super().forget_voice(voice_digest)
+        return super().forget_voice(scope, voice)
 
 
 async def test_slow_forgets_do_not_hold_up_prompt_checks(start_engine, tmp_path):
     store = SlowForgetStore(tmp_path / "slow")
-    cache = SpeechCache(MemoryLevel(1 << 20), SharedLevel(store, timeout_s=0.05), enabled=True)
+    shared = SharedLevel(store, SEALER, timeout_s=0.05)
+    cache = SpeechCache(MemoryLevel(1 << 20), shared, enabled=True)
     engine = await start_engine(cache=cache)
     client = engine.client
     try:
         for i in range(6):
-            client.forget_voice(f"{i:02d}" * 32)
+            client.forget_voice(f"{i:02d}" * 32, "acme")
         await asyncio.sleep(0.1)
         state = await client.check_prompt(prompt(), timeout=2.0)
         assert levels(state) == [(), ()]

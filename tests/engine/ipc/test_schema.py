@@ -30,6 +30,7 @@ from engine.ipc.schema import (
     PromptRequest,
     PromptState,
     ProtocolError,
+    PurgeTenant,
     SegmentState,
     Speak,
     SpeechCacheStats,
@@ -37,6 +38,7 @@ from engine.ipc.schema import (
     StreamClosed,
     StreamOpened,
     StreamRejected,
+    TenantPurged,
     UtteranceAudio,
     UtteranceEnd,
     UtteranceFailed,
@@ -62,8 +64,12 @@ TO_ENGINE: list[Message] = [
         speed=1.5,
         language="zh-CN",
         voice_profile=b"\x00\x01\xffprofile",
+        tenant="acme",
+        retain=False,
+        voice_digest="cd" * 32,
     ),
     Speak(stream_id=1, utterance=1, text="Hello, world."),
+    Speak(stream_id=1, utterance=4, text="Your code is 1234.", retain=False),
     Speak(stream_id=1, utterance=2, text="你好！欢迎致电。😀", final=False),
     Speak(stream_id=1, utterance=3, text=""),
     Cancel(stream_id=1),
@@ -82,9 +88,13 @@ TO_ENGINE: list[Message] = [
             language="zh-CN",
             voice_profile=b"\x00features",
             instruct="用四川话说",
+            tenant="acme",
+            shared=False,
+            voice_digest="ef" * 32,
         ),
     ),
-    ForgetVoice(voice_digest="ab" * 32),
+    ForgetVoice(voice_digest="ab" * 32, tenant="acme"),
+    PurgeTenant(request_id=5, tenant="acme"),
 ]
 
 FROM_ENGINE: list[Message] = [
@@ -155,6 +165,8 @@ FROM_ENGINE: list[Message] = [
     VoicePrepareFailed(request_id=7, code="invalid_audio", message="too short"),
     PromptState(request_id=3, segments=(SegmentState("Welcome.", ("memory", "shared")),)),
     PromptState(request_id=4, code="unknown_voice", message="no voice 'x'"),
+    TenantPurged(request_id=5, entries=12),
+    TenantPurged(request_id=6, code="speech_cache_off", message="off"),
     ProtocolError(message="Hello expected first"),
 ]
 

@@ -1,7 +1,8 @@
 """The speech cache in the scheduler (issue 27), driven directly with real rings, a real
 SpeechCache (memory, a directory in tmp_path, or a redis-server the test starts) and
 the synthetic backend (Piper once): hits give the bytes and words of the miss that stored
-them, never enter a lane, and a down shared level only costs synthesis."""
+them, never enter a lane, and a down shared level only costs synthesis; what may be kept
+(tenant scope, personal data, zero retention, declared prompts) holds."""
 
 from __future__ import annotations
 
@@ -44,8 +45,14 @@ from engine.ipc.shm import BOUNDARY_CAPACITY
 from engine.scheduler import Scheduler
 from engine.scheduler.cache_keys import key_maker, prompt_segments
 from engine.scheduler.warm import WarmOutcome, WarmRequest
-from engine.speech_cache import SpeechCache, SpeechCacheSettings, open_speech_cache
-from tests.engine.speech_cache.conftest import RedisProcess
+from engine.speech_cache import (
+    SHARED_SCOPE,
+    SpeechCache,
+    SpeechCacheSettings,
+    open_speech_cache,
+    tenant_scope,
+)
+from tests.engine.speech_cache.conftest import TEST_SECRET, RedisProcess
 
 WAIT_S = 10.0
 RATE = 8000  # the ring's rate: the synthetic voices' 16 kHz resampled, per segment
@@ -116,6 +123,8 @@ class Rig:
         profile: bytes | None = None,
         rate: int = RATE,
         capacity: int = 1 << 20,
+        tenant: str = "",
+        retain: bool = True,
     ) -> SpscRing:
         ring = ring_of(capacity)
         self.rings[slot] = ring
@@ -127,12 +136,16 @@ class Rig:
             boundaries=ring_of(BOUNDARY_CAPACITY),
             voice=self.backends.resolve_voice(VoiceSettings(voice, profile=profile)),
             sample_rate=rate,
+            scope=tenant_scope(tenant),
+            retain=retain,
         )
         return ring
 
-    def say(self, slot: int, text: str, utterance: int = 1) -> tuple[bytes, UtteranceAudio]:
+    def say(
+        self, slot: int, text: str, utterance: int = 1, retain: bool | None = None
+    ) -> tuple[bytes, UtteranceAudio]:
         """Speak ``text`` on ``slot`` and read its ring to the end: (bytes, UtteranceAudio)."""
-        self.scheduler.speak(slot, utterance, text, True)
+        self.scheduler.speak(slot, utterance, text, True, retain=retain)
         ring = self.rings[slot]
         got = bytearray()
         deadline = time.monotonic() + WAIT_S
@@ -177,8 +190,11 @@ def memory_cache() -> SpeechCache:
 
 def directory_cache(directory: Path, timeout_ms: int = 50) -> SpeechCache:
     return open_speech_cache(
-        SpeechCacheSettings(shared="directory", directory=str(directory), timeout_ms=timeout_ms)
-    )
+        SpeechCacheSettings(
+            shared="directory", directory=str(directory), timeout_ms=timeout_ms,
+            secret=TEST_SECRET,
+        )
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -269,7 +285,7 @@ def test_a_hit_gives_the_ring_bytes_and_words_of_the_miss_that_stored_it(make_ri
     assert len(missed) > 0 and hit == missed
     assert rig.word_events(2) == rig.word_events(1)
     assert [w.text for w in rig.words(2)] == GREETING.split()
-    segments = len(prompt_segments(GREETING, "und"))
+    segments = len(prompt_segments(GREETING, "und")[0])
     assert segments == 2
     assert level(rig.cache, "memory") == (segments, segments)  # 2 misses, then 2 hits
     assert rig.scheduler.stats.cached_segments == segments
@@ -367,7 +383,9 @@ def test_cancel_during_a_shared_lookup_drops_its_answer(make_rig, tmp_path):
     server = RedisProcess(tmp_path)
     server.start()
     try:
-        settings = SpeechCacheSettings(shared="redis", redis_url=server.url, timeout_ms=1000)
+        settings = SpeechCacheSettings(
+            shared="redis", redis_url=server.url, timeout_ms=1000, secret=TEST_SECRET
+        )
         rig = make_rig(cache=open_speech_cache(settings))
         ring = rig.open(1)
         server.freeze()
@@ -462,7 +480,9 @@ def test_a_shared_level_that_is_down_costs_synthesis_never_an_error(make_rig, tm
             pytest.skip("no redis-server")
         server = RedisProcess(tmp_path)
         server.start()
-        cache = open_speech_cache(SpeechCacheSettings(shared="redis", redis_url=server.url))
+        cache = open_speech_cache(
+            SpeechCacheSettings(shared="redis", redis_url=server.url, secret=TEST_SECRET)
+        )
         server.kill()
     rig = make_rig(cache=cache)
     for slot in (1, 2, 3):
@@ -494,12 +514,18 @@ def test_a_hit_from_the_shared_level_fills_memory(make_rig, tmp_path):
 # ------------------------------------------------------------------------- warm-up
 
 
-def warm(rig: Rig, text: str, *, voice: str = "en-us", rate: int = RATE) -> threading.Event:
-    """Start a warm job; the returned event is set (with ``rig.outcome``) when it ends."""
+def warm(
+    rig: Rig, text: str, *, voice: str = "en-us", rate: int = RATE, scope: str | None = None
+) -> threading.Event:
+    """Start a warm job (in ``scope``, by default the anonymous tenant's, as the rig's
+    streams); the returned event is set (with ``rig.outcome``) when it ends. Its keys are
+    declared, as the engine's prompt service does."""
     routed = rig.backends.resolve_voice(VoiceSettings(voice))
-    keys = key_maker(routed, routed.handle, None, rate)
+    keys = key_maker(routed, routed.handle, None, rate, scope=scope or tenant_scope(""))
     assert keys is not None
-    texts = tuple(prompt_segments(text, routed.language))
+    texts = tuple(prompt_segments(text, routed.language)[0])
+    for t in texts:
+        rig.cache.declare(keys.key(t))
     ended = threading.Event()
     outcomes = rig.outcomes = []
 
@@ -637,7 +663,7 @@ def test_a_segment_cut_by_a_cancel_is_not_stored_before_the_cancel_is_applied(ma
         time.sleep(0.005)
     time.sleep(0.05)  # the coordinator took the batch's end
     routed = rig.backends.resolve_voice(VoiceSettings("en-us"))
-    keys = key_maker(routed, routed.handle, None, RATE)
+    keys = key_maker(routed, routed.handle, None, RATE, scope=tenant_scope(""))
     assert keys is not None
     key = keys.key("Welcome to Acme Bank.")
     stored = rig.cache.contains_local(key)
@@ -663,7 +689,7 @@ def test_a_voice_deleted_during_a_call_is_not_stored_by_that_call(make_rig):
     rig.open(1, profile=profile)
     rig.scheduler.speak(1, 1, "Welcome to Acme Bank.", True)
     assert backend.started.wait(WAIT_S)
-    rig.cache.forget_voice(hashlib.sha256(profile).hexdigest())  # the voice was deleted
+    rig.cache.forget_voice(tenant_scope(""), hashlib.sha256(profile).hexdigest())  # deleted
     backend.go.set()
     rig.events.wait_kind(UtteranceEnd, 1)
     rig.open(2, profile=profile)
@@ -715,3 +741,133 @@ def test_a_segment_cut_to_fit_is_stored_whole_as_it_played(make_rig):
     assert len(backend.texts) == synthesized  # every segment from the cache
     assert again == first
     assert rig.words(2) == rig.words(1)
+
+
+# ------------------------------------------------------------- what may be kept (issue 34)
+
+
+def test_another_tenants_call_of_the_same_text_is_synthesized(make_rig):
+    """Tenant A's caller heard a sentence; tenant B's call of the very same text is a
+    miss (synthesized: its first audio is synthesis's, not a hit's), and B's own second
+    call hits B's entry."""
+    rig = make_rig()
+    rig.open(1, tenant="acme")
+    rig.open(2, tenant="other")
+    rig.open(3, tenant="other")
+    a_pcm, a = rig.say(1, GREETING)
+    b_pcm, b = rig.say(2, GREETING)
+    assert (a.cache, b.cache) == ("miss", "miss")
+    assert a_pcm == b_pcm  # the same audio, synthesized twice
+    assert rig.say(3, GREETING)[1].cache == "hit"
+
+
+def test_a_shared_prompt_is_heard_by_every_tenant(make_rig):
+    """The operator declared a prompt (warmed in the shared scope): every tenant's call
+    of its text hits it, and a tenant's call of it is not stored again in its own scope."""
+    rig = make_rig()
+    assert warm(rig, GREETING, scope=SHARED_SCOPE).wait(WAIT_S)
+    for slot, tenant in ((1, "acme"), (2, "other")):
+        rig.open(slot, tenant=tenant)
+        assert rig.say(slot, GREETING)[1].cache == "hit"
+    routed = rig.backends.resolve_voice(VoiceSettings("en-us"))
+    own = key_maker(routed, routed.handle, None, RATE, scope=tenant_scope("acme"))
+    assert own is not None
+    assert own.template.scope == tenant_scope("acme")
+    assert own.key("Welcome to Acme Bank.").scope == tenant_scope("acme")  # not declared
+    declared = key_maker(routed, routed.handle, None, RATE, scope=tenant_scope("acme"),
+                         declared=rig.cache.is_declared)  # fmt: skip
+    assert declared is not None and declared.key("Welcome to Acme Bank.").scope == SHARED_SCOPE
+
+
+def test_personal_data_is_never_stored_but_the_words_before_it_are(make_rig):
+    """ "Your verification code is 682163." plays as two segments: the words before the
+    code (kept, and a hit for the next caller) and the code (never stored: the next
+    caller's code is synthesized, even the same one)."""
+    rig = make_rig()
+    text = "Your verification code is 682163."
+    rig.open(1)
+    first_pcm, first = rig.say(1, text)
+    routed = rig.backends.resolve_voice(VoiceSettings("en-us"))
+    keys = key_maker(routed, routed.handle, None, RATE, scope=tenant_scope(""))
+    assert keys is not None
+    prefix, code = prompt_segments(text, "en-US")[0]
+    assert (prefix, code) == ("Your verification code is", "six eight two, one six three.")
+    assert rig.cache.contains_local(keys.key(prefix))
+    assert not rig.cache.contains_local(keys.key(code))
+    rig.open(2)
+    again_pcm, again = rig.say(2, text)
+    assert (first.cache, again.cache) == ("miss", "hit")  # its first audio: the words before
+    assert again_pcm == first_pcm
+    assert not rig.cache.contains_local(keys.key(code))  # still not kept
+    assert level(rig.cache, "memory") == (1, 3)  # prefix missed then hit; the code twice
+
+
+def test_an_amount_in_a_cut_segment_is_not_stored_whole(make_rig):
+    """A personal segment the capacity fit cut into pieces keeps none of them, nor the
+    whole once played."""
+    from tests.engine.test_scheduler import PacedBatchBackend
+
+    backend = PacedBatchBackend(seconds_per_char=0.005)
+    rig = make_rig(backend)
+    text = (
+        "Good morning. Your balance is $12,345.67 on the account you asked about, "
+        "and your last payment of $1,234.50 arrived on time last week, thank you."
+    )
+    rig.open(1)
+    rig.say(1, text)
+    routed = rig.backends.resolve_voice(VoiceSettings("en-us"))
+    keys = key_maker(routed, routed.handle, None, RATE, scope=tenant_scope(""))
+    assert keys is not None
+    stored = [t for t in backend.texts if rig.cache.contains_local(keys.key(t))]
+    assert stored and all("dollars" not in t for t in stored)
+    assert all("thousand" not in t for t in stored)
+
+
+def test_zero_retention_keeps_nothing_of_a_stream_or_an_utterance(make_rig):
+    """``cache: false`` on start (the stream) or on speak (one utterance): nothing of
+    that speech is stored; it may still hit what was cached before."""
+    rig = make_rig()
+    rig.open(1, retain=False)
+    rig.open(2)
+    assert rig.say(1, GREETING)[1].cache == "miss"
+    assert rig.say(2, GREETING)[1].cache == "miss"  # nothing was kept by stream 1
+    rig.open(3, retain=False)
+    assert rig.say(3, GREETING)[1].cache == "hit"  # reading is allowed
+    rig.open(4)
+    assert rig.say(4, "A new sentence.", retain=False)[1].cache == "miss"
+    assert rig.say(4, "A new sentence.", utterance=2)[1].cache == "miss"  # not kept by 1
+    assert rig.say(4, "A new sentence.", utterance=3)[1].cache == "hit"
+
+
+def test_a_tenants_declared_prompt_is_kept_whole(make_rig):
+    """A prompt the tenant declared (the API) is kept whole even with digits: declared
+    text is not a caller's data; the same text from a call alone would not be kept."""
+    rig = make_rig()
+    text = "Our hours are 9:00 to 17:30."
+    assert warm(rig, text, scope=tenant_scope("acme")).wait(WAIT_S)
+    assert rig.outcomes[0].error is None
+    rig.open(1, tenant="acme")
+    assert rig.say(1, text)[1].cache == "hit"
+    rig.open(2, tenant="other")
+    assert rig.say(2, text)[1].cache == "miss"
+    rig.open(3, tenant="other")
+    _pcm, audio = rig.say(3, text)
+    assert audio.cache == "hit"  # the words before the times, kept for "other"
+    routed = rig.backends.resolve_voice(VoiceSettings("en-us"))
+    other = key_maker(routed, routed.handle, None, RATE, scope=tenant_scope("other"))
+    assert other is not None
+    personal = prompt_segments(text, "en-US")[0][-1]
+    assert not rig.cache.contains_local(other.key(personal))
+
+
+def test_a_purged_tenant_is_not_stored_again_by_its_calls_in_flight(make_rig):
+    backend = PausedTones()
+    rig = make_rig(backend)
+    rig.open(1, tenant="acme")
+    rig.scheduler.speak(1, 1, "Welcome to Acme Bank.", True)
+    assert backend.started.wait(WAIT_S)
+    rig.cache.purge_scope(tenant_scope("acme"))  # the tenant's erasure, mid-call
+    backend.go.set()
+    rig.events.wait_kind(UtteranceEnd, 1)
+    rig.open(2, tenant="acme")
+    assert rig.say(2, "Welcome to Acme Bank.")[1].cache == "miss"
