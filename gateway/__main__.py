@@ -23,6 +23,7 @@ from aiohttp import web
 
 from engine.ipc.heap import freeze_startup_heap
 from engine.ipc.lifetime import die_with_parent, watch_parent
+from engine.speech_cache.cache import prepare_speech_cache
 from gateway import logs
 from gateway.app import LEG_SERVICES_KEY, RedactingAccessLogger, create_app
 from gateway.auth import AuthConfigError, TokenVerifier, mint_token
@@ -87,6 +88,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         settings = GatewaySettings.from_env(env)
         check_leg_settings(env)
+        if not worker and not settings.engine_socket:
+            prepare_speech_cache(env)  # its engine's: a squatted directory stops us here
         hosting = settings.workers > 1 and not worker
         relay = None if hosting else RelayEndpoint.bind(settings, env)
         app = None if hosting else create_app(settings, relay=relay)

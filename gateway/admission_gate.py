@@ -30,7 +30,8 @@ class Ticket:
     submitted_at: float = 0.0
     dispatched_at: float | None = None
     closed: bool = field(default=False)
-    cache_key: str | None = None  # gateway.likely_hits's key, when known
+    # gateway.likely_hits's keys, when known: the tenant's own, then the shared prompts'
+    cache_keys: tuple[str, ...] = ()
 
 
 class AdmissionGate:
@@ -65,7 +66,7 @@ class AdmissionGate:
         """True: send now. False: queued. Raises :class:`QueueFull`."""
         now = self._clock()
         ticket.submitted_at = now
-        likely_hit = ticket.cache_key is not None and self.likely_hits.likely(ticket.cache_key)
+        likely_hit = any(self.likely_hits.likely(key) for key in ticket.cache_keys)
         admitted = self.controller.submit(ticket, now, at_once=likely_hit)
         if admitted:
             ticket.dispatched_at = now
@@ -81,8 +82,8 @@ class AdmissionGate:
         milliseconds must neither look healthy while synthesis is slow nor be credited
         with a pace its synthesis does not have. The answer also teaches
         :attr:`likely_hits` (the next utterance of the same key skips the queue on a hit)."""
-        if ticket.cache_key is not None:
-            self.likely_hits.observe(ticket.cache_key, cache)
+        if ticket.cache_keys:
+            self.likely_hits.observe(ticket.cache_keys, cache)
         if ticket.dispatched_at is not None and not ticket.closed:
             now = self._clock()
             latency = now - ticket.dispatched_at
@@ -145,16 +146,16 @@ class UtteranceAdmission:
         self._tickets: dict[int, Ticket] = {}
         self._held: dict[int, list[tuple[str, bool, bool]]] = {}
 
-    def admit(self, seq: int, utterance_id: str, cache_key: str | None = None) -> None:
-        """Ask the gate for utterance ``seq``; raises :class:`QueueFull`. ``cache_key``
-        (:func:`gateway.likely_hits.likely_hit_key`): a likely speech-cache
-        hit is dispatched at once."""
+    def admit(self, seq: int, utterance_id: str, cache_keys: tuple[str, ...] = ()) -> None:
+        """Ask the gate for utterance ``seq``; raises :class:`QueueFull`. ``cache_keys``
+        (:func:`gateway.likely_hits.likely_hit_key`: the tenant's, the shared prompts'):
+        a likely speech-cache hit is dispatched at once."""
         if self._gate is None:
             return
         ticket = Ticket(
             release=lambda: self._release(seq),
             expire=lambda: self._expire(seq, utterance_id),
-            cache_key=cache_key,
+            cache_keys=cache_keys,
         )
         if not self._gate.submit(ticket):
             self._held[seq] = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import logging
 from collections.abc import AsyncIterator, Sequence
 
@@ -79,8 +81,31 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if ready else 503)
 
 
+def may_scrape(settings: GatewaySettings, request: web.Request) -> bool:
+    """Whether ``request`` may read /metrics: its peer (the socket's, never a header) is
+    in ``GATEWAY_METRICS_ALLOW`` (loopback by default), or it bears
+    ``GATEWAY_METRICS_TOKEN``. The counters tell how callers are served: an operator's."""
+    token = settings.metrics_token
+    if token:
+        given = request.headers.get("Authorization", "")
+        if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return True
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    if not peer:
+        return False
+    try:
+        address = ipaddress.ip_address(str(peer[0]).split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in network for network in settings.metrics_allow)
+
+
 async def metrics_endpoint(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
+    if not may_scrape(state.settings, request):
+        return json_error(403, ErrorCode.FORBIDDEN, "metrics are not served to this client")
     state.engine.refresh_gauges()
     metrics = state.metrics
     body = generate_latest(
@@ -174,12 +199,14 @@ def create_app(
         # The host's workers share one engine: the first warms the start-up prompts.
         warm_at_start=relay is None or relay.worker_index == 0,
         # A warmed prompt is a likely hit: its callers need not queue behind synthesis.
-        on_warm=lambda spec: state.gate.likely_hits.observe(
-            likely_hit_key(spec.voice, spec.speed, spec.instruct, spec.text), "hit"
+        on_warm=lambda tenant, spec: state.gate.likely_hits.remember(
+            likely_hit_key(tenant, spec.voice, spec.speed, spec.instruct, spec.text)
         ),
     )
     registry.deletion_listeners.append(
-        lambda deletion: speech_cache.forget_voice(deletion.voice_id, deletion.features_digest)
+        lambda deletion: speech_cache.forget_voice(
+            deletion.voice_id, deletion.features_digest, deletion.tenant
+        )
     )
     upload_workers = UploadWorkers(settings.upload_workers)  # processes start at 1st upload
     app[voices_api.UPLOAD_WORKERS_KEY] = upload_workers

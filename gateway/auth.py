@@ -31,7 +31,8 @@ Contract
 * Required claims: ``sub`` (non-empty string) and ``exp`` (NumericDate), RFC 7519
   §4.1.2 and §4.1.4; ``nbf`` is honoured when present (§4.1.5).  Scopes are the
   space-separated ``scope`` claim (RFC 8693 §4.2).  Optional claims: ``tenant``
-  (non-empty string, defaults to ``sub``) and ``max_streams`` (positive integer).
+  (non-empty string, defaults to ``sub``), ``max_streams`` (positive integer) and
+  ``cache`` (boolean: ``false`` is zero retention in the speech cache).
 * Tokens arrive as ``Authorization: Bearer <jwt>`` (RFC 6750 §2.1) or, for browsers
   that cannot set headers on a WebSocket, as ``?access_token=<jwt>`` (RFC 6750 §2.3).
   A token is never written to a log, never put into an exception message, and
@@ -201,6 +202,8 @@ class Principal:
     ``tenant`` is the ``tenant`` claim, or the subject when that claim is absent (a
     token without a tenant is its own single-subject tenant).  ``max_streams`` is the
     token's per-caller concurrent-stream cap, ``None`` when the claim is absent.
+    ``cache`` is the ``cache`` claim: ``False`` means the speech cache keeps nothing of
+    this token's sessions (zero retention; docs/speech-cache.md), ``None`` when absent.
     ``expires_at`` is the ``exp`` claim as a UNIX timestamp (seconds); long-lived
     sessions should end or re-authenticate once it passes.
     """
@@ -210,6 +213,7 @@ class Principal:
     scopes: frozenset[str]
     max_streams: int | None
     expires_at: float
+    cache: bool | None = None  # the ``cache`` claim: False keeps none of its speech
 
     def has_scope(self, scope: str) -> bool:
         """True when ``scope`` was granted."""
@@ -439,6 +443,10 @@ class TokenVerifier:
         ):
             raise AuthError("token_claims", "token 'max_streams' claim must be a positive integer")
 
+        cache = claims.get("cache")
+        if cache is not None and not isinstance(cache, bool):
+            raise AuthError("token_claims", "token 'cache' claim must be true or false")
+
         scope = claims.get("scope")
         if scope is not None and not isinstance(scope, str):
             raise AuthError("token_claims", "token 'scope' claim must be a space-separated string")
@@ -454,6 +462,7 @@ class TokenVerifier:
             scopes=scopes,
             max_streams=max_streams,
             expires_at=float(exp),
+            cache=cache,
         )
 
 
@@ -666,6 +675,7 @@ def mint_token(
     issuer: str | None = None,
     max_streams: int | None = None,
     kid: str | None = None,
+    cache: bool | None = None,
 ) -> str:
     """Issue a token the gateway accepts (development, tests and the demo page).
 
@@ -673,7 +683,7 @@ def mint_token(
     with the unencrypted PEM ``private_key_pem``.  Claims: ``sub``, ``iat``, ``exp =
     iat + ttl_s`` (a negative ``ttl_s`` mints an already-expired token, for tests), a
     random ``jti``, ``scope`` (space-joined ``scopes``) and, when given, ``tenant``,
-    ``aud``, ``iss`` and ``max_streams``; ``kid`` goes into the header.  Raises
+    ``aud``, ``iss``, ``max_streams`` and ``cache``; ``kid`` goes into the header.  Raises
     ``ValueError`` on inconsistent arguments.
     """
     if algorithm == "none" or algorithm not in get_default_algorithms():
@@ -713,6 +723,8 @@ def mint_token(
         claims["iss"] = issuer
     if max_streams is not None:
         claims["max_streams"] = max_streams
+    if cache is not None:
+        claims["cache"] = cache
     headers = {"kid": kid} if kid is not None else None
     return jwt.encode(claims, signing_key, algorithm=algorithm, headers=headers)
 

@@ -7,6 +7,7 @@ in README.md's configuration table.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,12 @@ from gateway.auth import AuthSettings
 from gateway.session import SessionLimits
 
 MAX_WORKERS = 256
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+LOOPBACK_NETWORKS: tuple[IPNetwork, ...] = (
+    ipaddress.ip_network("127.0.0.0/8"),
+    ipaddress.ip_network("::1/128"),
+)
+MIN_METRICS_TOKEN_CHARS = 16
 WEB_DEMO_DIR = Path(__file__).resolve().parent.parent / "web-demo"
 
 __all__ = ["WEB_DEMO_DIR", "ConfigError", "GatewaySettings"]
@@ -26,6 +33,30 @@ __all__ = ["WEB_DEMO_DIR", "ConfigError", "GatewaySettings"]
 def _policy(value: str) -> str:
     if value not in ("fail-open", "fail-closed"):
         raise ConfigError(f"GATEWAY_LEASE_POLICY must be fail-open or fail-closed, not {value!r}")
+    return value
+
+
+def _networks(env: Mapping[str, str], name: str) -> tuple[IPNetwork, ...]:
+    """``CIDR,...`` (unset: loopback only; empty: no network)."""
+    value = env.get(name)
+    if value is None:
+        return LOOPBACK_NETWORKS
+    networks: list[IPNetwork] = []
+    for item in (i.strip() for i in value.split(",")):
+        if not item:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ConfigError(f"{name}: {item!r} is not a network") from None
+    return tuple(networks)
+
+
+def _metrics_token(value: str) -> str:
+    if value and len(value) < MIN_METRICS_TOKEN_CHARS:
+        raise ConfigError(
+            f"GATEWAY_METRICS_TOKEN must be at least {MIN_METRICS_TOKEN_CHARS} characters"
+        )
     return value
 
 
@@ -91,6 +122,13 @@ class GatewaySettings:
     speech_cache_max_text_chars: int = 2000
     speech_cache_max_prompts: int = 1000  # per tenant (and lines of the prompts file)
     speech_cache_warm_concurrency: int = 2  # prompts with the engine at a time
+    # Tenants whose calls' speech the cache never keeps ("*": every tenant): zero
+    # retention, a ceiling no request lifts (GATEWAY_SPEECH_CACHE_NO_RETENTION).
+    speech_cache_no_retention: frozenset[str] = frozenset()
+    # Who may read /metrics: peers in these networks (GATEWAY_METRICS_ALLOW), or anyone
+    # with the bearer token GATEWAY_METRICS_TOKEN when it is set.
+    metrics_allow: tuple[IPNetwork, ...] = LOOPBACK_NETWORKS
+    metrics_token: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
@@ -154,4 +192,11 @@ class GatewaySettings:
             speech_cache_warm_concurrency=env_int(
                 env, "GATEWAY_SPEECH_CACHE_WARM_CONCURRENCY", 2, minimum=1, maximum=64
             ),
+            speech_cache_no_retention=frozenset(
+                t.strip()
+                for t in (env.get("GATEWAY_SPEECH_CACHE_NO_RETENTION") or "").split(",")
+                if t.strip()
+            ),
+            metrics_allow=_networks(env, "GATEWAY_METRICS_ALLOW"),
+            metrics_token=_metrics_token(env.get("GATEWAY_METRICS_TOKEN") or ""),
         )

@@ -65,7 +65,9 @@ class LegContext(ConnectionContext, Protocol):
         """The engine's default voice (a call that names none speaks with it)."""
         ...
 
-    async def resolve_voice(self, tenant: str, voice: str) -> tuple[str, bytes | None]: ...
+    async def resolve_voice(self, tenant: str, voice: str) -> tuple[str, bytes | None, str]:
+        """(engine voice, registered voice features or None, voice digest or "")."""
+        ...
 
 
 __all__ = ["ConnectionContext", "LegContext"]

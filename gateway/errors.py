@@ -47,6 +47,7 @@ class ErrorCode(enum.StrEnum):
     TOO_MANY_ERRORS = "too_many_errors"
     INTERNAL_ERROR = "internal_error"
     NOT_FOUND = "not_found"
+    FORBIDDEN = "forbidden"  # /metrics to a client GATEWAY_METRICS_* does not name
     # session
     NOT_STARTED = "not_started"
     ALREADY_STARTED = "already_started"

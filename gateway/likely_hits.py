@@ -25,9 +25,16 @@ DEFAULT_CAPACITY: Final = 4096
 DEFAULT_TTL_S: Final = 600.0
 
 
-def likely_hit_key(voice: str, speed: float, instruct: str | None, text: str) -> str:
-    """The key of an utterance as its first text reaches the gateway."""
-    raw = "\0".join((voice, f"{speed:.4f}", instruct or "", text))
+#: The tenant of the operator's shared prompts in :func:`likely_hit_key`: no tenant's name
+#: (those are never empty).
+SHARED: Final = ""
+
+
+def likely_hit_key(tenant: str, voice: str, speed: float, instruct: str | None, text: str) -> str:
+    """The key of an utterance as its first text reaches the gateway: its tenant's own
+    (the engine's cache is scoped by tenant, so another tenant's hit says nothing of
+    this one's), or :data:`SHARED` for a prompt the operator declared."""
+    raw = "\0".join((tenant, voice, f"{speed:.4f}", instruct or "", text))
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -58,11 +65,19 @@ class LikelyHits:
             return False
         return True
 
-    def observe(self, key: str, cache: str) -> None:
-        """The engine's answer for an utterance of ``key``: "hit", "miss" or ""."""
+    def observe(self, keys: tuple[str, ...], cache: str) -> None:
+        """The engine's answer for an utterance of ``keys`` (its tenant's own key first,
+        then the shared prompts'): "hit", "miss" or "". A hit marks its own key; a miss
+        forgets them all (a shared prompt evicted is no longer likely either)."""
         if cache != "hit":
-            self._hits.pop(key, None)
+            for key in keys:
+                self._hits.pop(key, None)
             return
+        if keys:
+            self.remember(keys[0])
+
+    def remember(self, key: str) -> None:
+        """``key`` is likely a hit from now on (a prompt warmed, an answer seen)."""
         self._hits[key] = self._clock()
         self._hits.move_to_end(key)
         while len(self._hits) > self._capacity:

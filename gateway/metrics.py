@@ -63,9 +63,12 @@ class EngineSpeechCacheCollector(Collector):
       ``memory``; a memory miss looks in ``shared`` when there is one), so the hit ratio
       is (memory hits + shared hits) / (memory hits + memory misses);
     - ``engine_speech_cache_entries`` / ``engine_speech_cache_bytes`` {level, store};
-    - ``engine_speech_cache_evictions_total`` {level}: entries dropped for the budget;
+    - ``engine_speech_cache_evictions_total`` {level}: entries dropped for the budgets
+      (the level's, a tenant's);
     - ``engine_speech_cache_errors_total`` {level}: lookups or writes that failed or
-      timed out (served as misses: synthesis).
+      timed out (served as misses: synthesis);
+    - ``engine_speech_cache_rejected_total`` {level}: shared entries that failed
+      authentication (changed, forged, another secret): deleted, served as misses.
     """
 
     def __init__(self, source: Callable[[], SpeechCacheStats | None]) -> None:
@@ -114,6 +117,11 @@ class EngineSpeechCacheCollector(Collector):
             "synthesis).",
             labels=["level"],
         )
+        rejected = CounterMetricFamily(
+            "engine_speech_cache_rejected",
+            "Shared speech-cache entries that failed authentication (deleted, synthesized).",
+            labels=["level"],
+        )
         if stats is not None:
             enabled.add_metric([], 1.0 if stats.enabled else 0.0)
             for level in stats.levels:
@@ -125,7 +133,8 @@ class EngineSpeechCacheCollector(Collector):
                 size.add_metric([level.level, level.store], level.bytes)
                 evictions.add_metric([level.level], level.evictions)
                 errors.add_metric([level.level], level.errors)
-        yield from (enabled, hits, misses, entries, size, evictions, errors)
+                rejected.add_metric([level.level], level.rejected)
+        yield from (enabled, hits, misses, entries, size, evictions, errors, rejected)
 
 
 LATENCY_BUCKETS = (

@@ -39,7 +39,7 @@ from gateway.admission_gate import AdmissionGate, QueueFull, UtteranceAdmission
 from gateway.errors import CloseCode, ErrorCode, IllegalTransition, ProtocolViolation, SessionError
 from gateway.events import BargeIn, Cleared, ErrorEvent, Ready, SessionEvent, Word
 from gateway.formats import AudioFormat, FrameEncoder
-from gateway.likely_hits import likely_hit_key
+from gateway.likely_hits import SHARED, likely_hit_key
 from gateway.metrics import GatewayMetrics
 from gateway.playback import FrameStatus, Playback
 from gateway.tenant_quota import UNASSIGNED, TenantQuota
@@ -98,6 +98,8 @@ class SessionLimits:
     burst_lead_s: float = 2.0
     cancel_timeout_s: float = 2.0
     retry_after_ms: int = 2000
+    # Tenants whose speech the cache never keeps (GATEWAY_SPEECH_CACHE_NO_RETENTION).
+    no_retention: frozenset[str] = frozenset()
 
 
 DEFAULT_MAX_BUFFER_DELAY_MS = 3000
@@ -118,6 +120,10 @@ class StartOptions:
     max_buffer_delay_ms: int = DEFAULT_MAX_BUFFER_DELAY_MS
     word_timestamps: bool = False  # ``start.timestamps: "word"``: Words events
     instruct: str | None = None  # a style instruction for the whole session (CosyVoice2)
+    # ``start.cache``: False keeps nothing of this session's speech in the speech cache
+    # (None: the tenant's default); the tenant's setting is a ceiling (TenantQuota.retains).
+    cache: bool | None = None
+    voice_digest: str = ""  # a registered voice's (engine/speech_cache/key.py)
 
 
 @dataclass
@@ -168,9 +174,10 @@ class Session:
         self._starving = False
         self._seq = itertools.count(1)
         self._auto_ids = itertools.count(1)
-        # Style instructions of utterances whose first text has not reached the engine
-        # (dropped with them: queue timeout, clear, barge-in).
+        # Style instructions and ``cache`` settings of utterances whose first text has
+        # not reached the engine (dropped with them: queue timeout, clear, barge-in).
         self._instructs: dict[int, str] = {}
+        self._retains: dict[int, bool] = {}
         self._open: _OpenUtterance | None = None
         self._release_timer: asyncio.TimerHandle | None = None  # max_buffer_delay_ms
         self._admission = UtteranceAdmission(
@@ -247,6 +254,9 @@ class Session:
                 listener=self,
                 voice_profile=options.voice_profile,
                 instruct=options.instruct,
+                tenant=self.tenant,
+                retain=self.quota.retains(self._limits.no_retention, options.cache),
+                voice_digest=options.voice_digest,
                 input_sample_rate=(
                     options.input_format.sample_rate if options.input_format else None
                 ),
@@ -343,10 +353,12 @@ class Session:
         *,
         flush: bool = True,
         instruct: str | None = None,
+        cache: bool | None = None,
     ) -> str:
         """Queue ``text``. Continues the open utterance when ids match (or none is given);
-        ``instruct`` gives a new utterance its own style instruction (ignored when the
-        text continues an open one).
+        ``instruct`` gives a new utterance its own style instruction and ``cache`` its own
+        retention (``false``: the speech cache keeps nothing of it); both are ignored
+        when the text continues an open one.
 
         Returns the utterance id. Raises :class:`SessionError` (``text_too_long``,
         ``queue_full``, ``invalid_message``).
@@ -369,9 +381,11 @@ class Session:
                     ErrorCode.INVALID_MESSAGE, "utterance_id is already queued", None, utterance_id
                 )
             target = _OpenUtterance(next(self._seq), utterance_id, 0)
-            self._admit(target.seq, utterance_id, self._likely_hit_key(text, instruct))
+            self._admit(target.seq, utterance_id, self._likely_hit_keys(text, instruct))
             if instruct:
                 self._instructs[target.seq] = instruct
+            if cache is not None:
+                self._retains[target.seq] = self.quota.retains(self._limits.no_retention, cache)
             playback.enqueue_utterance(target.seq, utterance_id, self._clock())
         if target.chars + len(text) > self._limits.max_text_chars:
             # What was already accepted is still spoken; the excess is refused.
@@ -392,16 +406,21 @@ class Session:
             self._buffer_deadline(target.seq)
         return target.utterance_id
 
-    def _likely_hit_key(self, text: str, instruct: str | None) -> str | None:
+    def _likely_hit_keys(self, text: str, instruct: str | None) -> tuple[str, ...]:
+        """The utterance's keys among the likely speech-cache hits: its tenant's own,
+        then the operator's shared prompts'."""
         options = self.options
         if options is None or not text:
-            return None
-        return likely_hit_key(options.voice, options.speed, instruct, text)
+            return ()
+        return tuple(
+            likely_hit_key(tenant, options.voice, options.speed, instruct, text)
+            for tenant in (self.tenant, SHARED)
+        )
 
-    def _admit(self, seq: int, utterance_id: str, cache_key: str | None = None) -> None:
+    def _admit(self, seq: int, utterance_id: str, cache_keys: tuple[str, ...] = ()) -> None:
         """Ask the admission gate for ``seq``; raises ``overloaded`` if it cannot wait."""
         try:
-            self._admission.admit(seq, utterance_id, cache_key)
+            self._admission.admit(seq, utterance_id, cache_keys)
         except QueueFull:
             self._metrics.golden_errors.labels(type="overloaded").inc()
             raise SessionError(
@@ -409,9 +428,12 @@ class Session:
             ) from None
 
     def _to_engine(self, seq: int, text: str, final: bool, release: bool = False) -> None:
-        instruct = self._instructs.pop(seq, None)  # goes with the utterance's first text
+        instruct = self._instructs.pop(seq, None)  # go with the utterance's first text
+        retain = self._retains.pop(seq, None)
         if self.stream is not None and self.state is not SessionState.CLOSED:
-            self.stream.speak(seq, text, final=final, release=release, instruct=instruct)
+            self.stream.speak(
+                seq, text, final=final, release=release, instruct=instruct, retain=retain
+            )
 
     def _buffer_deadline(self, seq: int) -> None:
         """Open utterance ``seq`` got text that may wait for a clause end: bound the wait
@@ -436,6 +458,7 @@ class Session:
     def _queue_timeout(self, seq: int, utterance_id: str) -> None:
         """Utterance ``seq`` waited too long at the admission gate: drop it."""
         self._instructs.pop(seq, None)
+        self._retains.pop(seq, None)
         if self._open is not None and self._open.seq == seq:
             self._open = None
             self._stop_buffer_deadline()
@@ -480,6 +503,7 @@ class Session:
         if not in_engine:  # else the gate counts it until the engine ends it
             self._admission.close(seq)
             self._instructs.pop(seq, None)
+            self._retains.pop(seq, None)
         elif self.stream is not None:
             # it ends after its segment in progress; a lost engine ends the session anyway
             with contextlib.suppress(EngineUnavailable):
@@ -519,6 +543,7 @@ class Session:
         self._stop_buffer_deadline()
         self._admission.close_all()
         self._instructs.clear()
+        self._retains.clear()
         self._peer.on_interrupt()  # e.g. a telephony leg flushes its vendor's buffer first
         for event in playback.clear():
             self._peer.send_event(event)

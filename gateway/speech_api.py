@@ -68,6 +68,8 @@ class SpeechRequest(msgspec.Struct, forbid_unknown_fields=False):
     speed: float = 1.0
     instructions: str | None = None
     stream_format: str | None = None
+    # Zero retention (DESIGN.md section 8): false keeps none of this speech in the cache.
+    cache: bool | None = None
 
 
 class _BadRequest(Exception):
@@ -252,7 +254,7 @@ async def _synthesize(
     if voice_name in OPENAI_VOICES:
         voice_name = state.engine.default_voice
     try:
-        voice, profile = await state.resolve_voice(session.tenant or "", voice_name)
+        voice, profile, digest = await state.resolve_voice(session.tenant or "", voice_name)
         await session.start(
             StartOptions(
                 voice=voice,
@@ -260,6 +262,8 @@ async def _synthesize(
                 speed=speech.speed,
                 pacing="burst",
                 voice_profile=profile,
+                cache=speech.cache,
+                voice_digest=digest,
             )
         )
         for piece in split_input(speech.input, state.session_limits().max_text_chars):

@@ -8,10 +8,12 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from aiohttp import web
 from redis.asyncio import Redis
 
+from engine.speech_cache.key import registered_voice_digest
 from gateway.admission_gate import AdmissionGate
 from gateway.auth import AuthError, Principal, TokenVerifier
 from gateway.calls import CallRegistry
@@ -137,23 +139,36 @@ class GatewayState:
             limits,
             max_text_chars=min(limits.max_text_chars, self.engine.max_text_chars),
             retry_after_ms=self.settings.retry_after_ms,
+            no_retention=self.settings.speech_cache_no_retention,
         )
 
-    async def resolve_voice(self, tenant: str, voice: str) -> tuple[str, bytes | None]:
-        """(engine voice id, voice profile) for ``voice``: a built-in voice, or one of
-        the tenant's registered voices. Raises ``unknown_voice`` (1008)."""
+    async def resolve_voice(self, tenant: str, voice: str) -> ResolvedVoice:
+        """(engine voice id, voice profile, voice digest) for ``voice``: a built-in
+        voice, or one of the tenant's registered voices. Raises ``unknown_voice``
+        (1008)."""
         if voice.startswith(VOICE_ID_PREFIX):
             try:
                 found = await self.registry.profile(tenant, voice)
             except VoiceError as exc:
                 raise SessionError(exc.code, exc.message, CloseCode.TRY_AGAIN_LATER) from None
             if found is not None:
-                return found
+                base, features = found
+                digest = registered_voice_digest(tenant, voice, features)
+                return ResolvedVoice(base, features, digest)
         elif not self.engine.voices or voice in self.engine.voice_ids():
-            return voice, None
+            return ResolvedVoice(voice, None, "")
         raise SessionError(
             ErrorCode.UNKNOWN_VOICE, f"unknown voice {voice[:64]!r}", CloseCode.POLICY
         )
+
+
+class ResolvedVoice(NamedTuple):
+    """A voice as the engine is asked for it: its engine voice id, a registered voice's
+    features (None: built in) and its digest in the speech cache ("" built in)."""
+
+    voice: str
+    profile: bytes | None
+    digest: str
 
 
 STATE_KEY = web.AppKey("gateway_state", GatewayState)

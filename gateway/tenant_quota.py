@@ -25,10 +25,21 @@ from gateway.auth import Principal
 class TenantQuota:
     tenant: str
     max_streams: int | None = None  # the token's claim; None: GATEWAY_TENANT_MAX_STREAMS
+    cache: bool | None = None  # the token's ``cache`` claim; None: the tenant's setting
 
     def limit(self, default: int) -> int:
         """The tenant's concurrent sessions at most (``default``: the setting)."""
         return self.max_streams or default
+
+    def retains(self, no_retention: frozenset[str], requested: bool | None = None) -> bool:
+        """Whether the speech cache may keep this session's (or utterance's) speech:
+        never when the token says ``cache: false`` or the tenant is in ``no_retention``
+        (``GATEWAY_SPEECH_CACHE_NO_RETENTION``; ``*`` is every tenant); else what the
+        request says (``cache`` on ``start``, ``speak``, the speech endpoint), by
+        default yes. The tenant's setting is a ceiling: a request cannot turn it on."""
+        if self.cache is False or "*" in no_retention or self.tenant in no_retention:
+            return False
+        return requested is not False
 
 
 #: A session not yet authenticated (it cannot start before it gets a quota).
@@ -40,4 +51,4 @@ def quota_for(who: Principal | str) -> TenantQuota:
     without one, the tenant its trusted network or trunk names."""
     if isinstance(who, str):
         return TenantQuota(who)
-    return TenantQuota(who.tenant, who.max_streams)
+    return TenantQuota(who.tenant, who.max_streams, who.cache)

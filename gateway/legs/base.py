@@ -101,7 +101,7 @@ class CallLeg(abc.ABC):
         ``unknown_voice``, admission refusals, ``call_id_in_use``."""
         fmt = FORMATS[format_name]
         try:
-            voice, profile = await self._state.resolve_voice(
+            voice, profile, digest = await self._state.resolve_voice(
                 tenant, parameters.get("voice") or self._state.default_voice
             )
             await self.session.start(
@@ -111,6 +111,7 @@ class CallLeg(abc.ABC):
                     input_format=fmt,
                     barge_in=True,
                     voice_profile=profile,
+                    voice_digest=digest,
                 )
             )
         except SessionError as exc:

@@ -178,10 +178,12 @@ class NativeConnection(Connection):
             else:
                 assert self.principal is not None
                 options = start_options(message)
-                voice, profile = await self._state.resolve_voice(
+                voice, profile, digest = await self._state.resolve_voice(
                     self.principal.tenant, options.voice
                 )
-                await own.start(replace(options, voice=voice, voice_profile=profile))
+                await own.start(
+                    replace(options, voice=voice, voice_profile=profile, voice_digest=digest)
+                )
             return
         if isinstance(message, CloseMsg) and self.call is not None:
             own.finish(CloseCode.NORMAL, "detached")  # the call goes on without us
@@ -198,7 +200,11 @@ class NativeConnection(Connection):
             raise ProtocolViolation(ErrorCode.NOT_STARTED, "send start first", CloseCode.POLICY)
         if isinstance(message, SpeakMsg):
             session.speak(
-                message.text, message.utterance_id, flush=message.flush, instruct=message.instruct
+                message.text,
+                message.utterance_id,
+                flush=message.flush,
+                instruct=message.instruct,
+                cache=message.cache,
             )
         elif isinstance(message, FlushMsg):
             session.flush(message.utterance_id, flush_id=message.flush_id)

@@ -54,6 +54,7 @@ class StartMsg(_Msg, tag="start"):
     max_buffer_delay_ms: int | None = None
     timestamps: Literal["word"] | None = None
     instruct: str | None = None  # a style instruction for backends that follow one
+    cache: bool | None = None  # false: the speech cache keeps none of the session's speech
 
 
 class SpeakMsg(_Msg, tag="speak"):
@@ -61,6 +62,7 @@ class SpeakMsg(_Msg, tag="speak"):
     utterance_id: str | None = None
     flush: bool = True
     instruct: str | None = None  # this utterance's own style instruction (a new one only)
+    cache: bool | None = None  # false: the speech cache keeps none of it (a new one only)
 
 
 class FlushMsg(_Msg, tag="flush"):
@@ -294,6 +296,7 @@ def start_options(message: StartMsg) -> StartOptions:
         barge_in=message.barge_in if message.barge_in is not None else input_fmt is not None,
         word_timestamps=message.timestamps == "word",
         instruct=message.instruct or None,
+        cache=message.cache,
         max_buffer_delay_ms=(
             message.max_buffer_delay_ms
             if message.max_buffer_delay_ms is not None

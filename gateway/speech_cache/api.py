@@ -14,14 +14,21 @@ project's codes (docs/protocol.md):
 - ``GET /v1/speech-cache/prompts/{id}``: the prompt and, asked of the engine now
   (CheckPrompt), its ``segments`` ``[{"text", "levels"}]`` (``levels``: ``memory``,
   ``shared``; empty: not cached) and ``cached`` (every segment held somewhere).
-- ``DELETE /v1/speech-cache/prompts/{id}``: the tenant's prompt leaves the list (its
-  audio stays cached until the cache's LRU or TTL drops it): 204.
+- ``DELETE /v1/speech-cache/prompts/{id}``: the tenant's prompt leaves the list and the
+  warm-up queue (its audio stays cached until the cache's LRU or TTL drops it): 204.
+- ``DELETE /v1/speech-cache/entries``: the tenant's erasure: every prompt of the tenant
+  leaves the list, and everything cached from its calls and prompts is dropped from
+  every level: 200 ``{"purged": {"memory_entries": n}}``.
+
+Everything is the caller's tenant's: a check answers the levels of its own entries (an
+operator's shared prompt: the shared ones), never another tenant's.
 
 Refusals: 400 (``invalid_request``, ``invalid_field``, ``invalid_speed``,
 ``unsupported_format``, ``text_too_long``), 404 (``not_found``, ``unknown_voice``), 413
 ``request_too_large``, 429 ``too_many_prompts`` (``GATEWAY_SPEECH_CACHE_MAX_PROMPTS`` per
 tenant), 409 ``speech_cache_off`` (the engine runs without a cache:
-``ENGINE_SPEECH_CACHE=0``), 503 ``engine_unavailable`` / ``storage_unavailable`` (with
+``ENGINE_SPEECH_CACHE=0``), 503 ``overloaded`` (the tenant's checks or warm-up queue
+full, the engine busy), ``engine_unavailable``, ``storage_unavailable`` (each with
 ``Retry-After``).
 """
 
@@ -40,7 +47,7 @@ from gateway.http_errors import authenticate, json_error
 from gateway.peer_log import PeerLog
 from gateway.speech_cache.catalog import CatalogFull, Entry
 from gateway.speech_cache.prompts import PromptError, parse_prompt
-from gateway.speech_cache.service import SpeechCacheService
+from gateway.speech_cache.service import Overloaded, SpeechCacheService
 from gateway.speech_cache.warmer import SpeechCacheOff
 from gateway.state import STATE_KEY, GatewayState
 
@@ -50,11 +57,14 @@ _auth_log = PeerLog(log, "speech cache API")
 SCOPE: Final = "tts:stream"
 MAX_BODY_BYTES: Final = 64 * 1024
 PATH: Final = "/v1/speech-cache/prompts"
+ENTRIES_PATH: Final = "/v1/speech-cache/entries"
 SPEECH_CACHE_KEY = web.AppKey("speech_cache", SpeechCacheService)
 _STATUS: Final[dict[str, int]] = {
     ErrorCode.UNKNOWN_VOICE: 404,
     ErrorCode.STORAGE_UNAVAILABLE: 503,
     ErrorCode.ENGINE_UNAVAILABLE: 503,
+    ErrorCode.OVERLOADED: 503,
+    ErrorCode.QUEUE_TIMEOUT: 503,
 }
 
 
@@ -104,7 +114,9 @@ async def warm_prompt(request: web.Request) -> web.Response:
             raise PromptError(
                 ErrorCode.INVALID_FIELD, "'tenant' is the token's: leave it out", "tenant"
             )
-        entry, _queued = await service.warm(who.tenant, spec)
+        entry, queued = await service.warm(who.tenant, spec)
+        if not queued and entry.code == "queue_full":
+            return _refused(state, 503, ErrorCode.OVERLOADED, "the tenant's warm-up queue is full")
     except PromptError as exc:
         status = 413 if exc.code == ErrorCode.REQUEST_TOO_LARGE else _STATUS.get(exc.code, 400)
         return _refused(state, status, exc.code, exc.message)
@@ -144,15 +156,16 @@ async def get_prompt(request: web.Request) -> web.Response:
         return _error(404, ErrorCode.NOT_FOUND, "no such prompt")
     service = request.app[SPEECH_CACHE_KEY]
     try:
-        answer = await service.check(entry)
+        answer = await service.check(who.tenant, entry)
     except PromptError as exc:  # its voice was deleted meanwhile
         return _refused(state, _STATUS.get(exc.code, 400), exc.code, exc.message)
+    except Overloaded as exc:
+        return _refused(state, 503, ErrorCode.OVERLOADED, str(exc))
     except (SpeechCacheOff, EngineUnavailable) as exc:
         return _unusable(state, exc)
     if answer.code:
         code = ErrorCode.from_engine(answer.code)
-        return _refused(state, 503 if code is ErrorCode.ENGINE_UNAVAILABLE else 400, code,
-                        answer.message)  # fmt: skip
+        return _refused(state, _STATUS.get(code, 400), code, answer.message)
     body: dict[str, Any] = entry.to_json()
     body["segments"] = [{"text": s.text, "levels": list(s.levels)} for s in answer.segments]
     body["cached"] = bool(answer.segments) and all(s.levels for s in answer.segments)
@@ -165,9 +178,24 @@ async def delete_prompt(request: web.Request) -> web.Response:
     if isinstance(who, web.Response):
         return who
     service = request.app[SPEECH_CACHE_KEY]
-    if not service.catalog.remove(who.tenant, request.match_info["prompt_id"][:64]):
+    if not service.remove(who.tenant, request.match_info["prompt_id"][:64]):
         return _error(404, ErrorCode.NOT_FOUND, "no such prompt of this tenant")
     return web.Response(status=204)
+
+
+async def purge_entries(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    who = _auth(state, request)
+    if isinstance(who, web.Response):
+        return who
+    service = request.app[SPEECH_CACHE_KEY]
+    try:
+        dropped = await service.purge(who.tenant)
+    except (SpeechCacheOff, EngineUnavailable) as exc:
+        return _unusable(state, exc)
+    log.info("speech cache: tenant %s purged its entries (%d in memory)", who.tenant[:64],
+             dropped)  # fmt: skip
+    return web.json_response({"purged": {"memory_entries": dropped}})
 
 
 def add_routes(app: web.Application, service: SpeechCacheService) -> None:
@@ -176,6 +204,7 @@ def add_routes(app: web.Application, service: SpeechCacheService) -> None:
     app.router.add_get(PATH, list_prompts)
     app.router.add_get(PATH + "/{prompt_id}", get_prompt)
     app.router.add_delete(PATH + "/{prompt_id}", delete_prompt)
+    app.router.add_delete(ENTRIES_PATH, purge_entries)
 
 
-__all__ = ["MAX_BODY_BYTES", "PATH", "SPEECH_CACHE_KEY", "add_routes"]
+__all__ = ["ENTRIES_PATH", "MAX_BODY_BYTES", "PATH", "SPEECH_CACHE_KEY", "add_routes"]

@@ -7,13 +7,19 @@ of warm prompts, the warmer and a background task (started and cancelled with th
 worker) that, once the engine answers, queues the prompts file's prompts and those the
 leg kinds declare (the SIP flows'), and sends the voice deletions the engine missed
 while it was away. ``ready`` and ``/healthz`` never wait for any of it.
+
+Tenants (docs/speech-cache.md, "Tenants"): a prompt of the prompts file or a SIP flow is
+the operator's (shared: every tenant's calls hear it from the cache); an API prompt is
+its tenant's alone. A check answers the levels of the asking tenant's own entries, at
+most :data:`MAX_CHECKS_PER_TENANT` at a time per tenant (:class:`Overloaded` beyond: 503
+with Retry-After); a deleted prompt leaves the warm-up queue; :meth:`purge` drops
+everything cached from a tenant (its right to erasure).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -44,11 +50,16 @@ POLL_S: Final = 0.1  # how often a wait for the engine looks again
 FORGET_RETRY_S: Final = 1.0
 MAX_PENDING_FORGETS: Final = 1024
 CHECK_TIMEOUT_S: Final = 5.0
+MAX_CHECKS_PER_TENANT: Final = 4  # a tenant's checks in progress on this worker
 
 CacheStatus = Literal["down", "unknown", "off", "on"]
-#: Resolves (tenant, voice) to (engine voice, voice profile), with the voices registry's
-#: permission check; raises :class:`SessionError` (``unknown_voice``, ...).
-ResolveVoice = Callable[[str, str], Awaitable[tuple[str, bytes | None]]]
+#: Resolves (tenant, voice) to (engine voice, voice profile, voice digest), with the voices
+#: registry's permission check; raises :class:`SessionError` (``unknown_voice``, ...).
+ResolveVoice = Callable[[str, str], Awaitable[tuple[str, bytes | None, str]]]
+
+
+class Overloaded(Exception):
+    """Too many of the tenant's requests are in progress, or the engine said so."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +115,7 @@ class EngineCache:
         self._require()
         return await self._link.client().check_prompt(request, timeout=timeout)
 
-    def forget(self, voice_digest: str) -> bool:
+    def forget(self, voice_digest: str, tenant: str) -> bool:
         """Send ForgetVoice; False when it could not be sent now (engine down or not yet
         known to cache)."""
         status = self.status()
@@ -113,10 +124,21 @@ class EngineCache:
         if status != "on":
             return False
         try:
-            self._link.client().forget_voice(voice_digest)
+            self._link.client().forget_voice(voice_digest, tenant)
         except EngineUnavailable:
             return False
         return True
+
+    async def purge(self, tenant: str) -> int:
+        """Drop everything cached from ``tenant``: the entries the memory level held.
+        Raises :class:`SpeechCacheOff` or :class:`EngineUnavailable`."""
+        self._require()
+        answer = await self._link.client().purge_tenant(tenant)
+        if answer.code == "speech_cache_off":
+            raise SpeechCacheOff(answer.message)
+        if answer.code:
+            raise EngineUnavailable(answer.message)
+        return answer.entries
 
 
 class _Observer:
@@ -124,7 +146,7 @@ class _Observer:
         self,
         metrics: GatewayMetrics,
         catalog: Catalog,
-        on_warm: Callable[[PromptSpec], None] | None,
+        on_warm: Callable[[str, PromptSpec], None] | None,
     ) -> None:
         self._metrics = metrics
         self._catalog = catalog
@@ -133,7 +155,7 @@ class _Observer:
     def finished(self, entry: Entry, result: str) -> None:
         self._metrics.speech_cache_warmups.labels(result=result).inc()
         if result == "warm" and self._on_warm is not None:
-            self._on_warm(entry.spec)
+            self._on_warm(entry.tenant, entry.spec)
 
     def changed(self) -> None:
         for state, count in self._catalog.by_state().items():
@@ -150,12 +172,13 @@ class SpeechCacheService:
         metrics: GatewayMetrics,
         declared: Sequence[DeclaredPrompt] = (),
         warm_at_start: bool = True,
-        on_warm: Callable[[PromptSpec], None] | None = None,
+        on_warm: Callable[[str, PromptSpec], None] | None = None,
     ) -> None:
         """``declared``: the prompts the leg kinds will speak (SIP flows); ``warm_at_start``
         False leaves the start-up warm-up to another worker of the host (they share the
-        engine); ``on_warm``: told each prompt this worker has warmed (the admission
-        gate's likely hits). Reads the prompts file now: raises :class:`ConfigError`."""
+        engine); ``on_warm``: told each prompt this worker has warmed, with its tenant
+        (``SHARED_TENANT`` for the operator's: the admission gate's likely hits). Reads
+        the prompts file now: raises :class:`ConfigError`."""
         self.settings = settings
         self.engine = EngineCache(link)
         self._link = link
@@ -178,8 +201,10 @@ class SpeechCacheService:
             self._observer,
             concurrency=settings.warm_concurrency,
             max_queue=self.catalog.max_total,
+            max_per_tenant=limits.max_prompts,
         )
-        self._pending_forgets: OrderedDict[str, None] = OrderedDict()
+        self._pending_forgets: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._checks: dict[str, int] = {}  # tenant -> checks in progress
         self._task: asyncio.Task[None] | None = None
         self.startup_queued = asyncio.Event()
 
@@ -266,7 +291,7 @@ class SpeechCacheService:
         registry's permission check) exactly as a call's OpenStream would be."""
         spec = entry.spec
         try:
-            voice, profile = await self._resolve_voice(entry.tenant, spec.voice)
+            voice, profile, digest = await self._resolve_voice(entry.tenant, spec.voice)
         except SessionError as exc:
             if exc.code in (ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.ENGINE_UNAVAILABLE):
                 raise EngineUnavailable(exc.message) from None
@@ -279,6 +304,9 @@ class SpeechCacheService:
             language=spec.language,
             voice_profile=profile,
             instruct=spec.instruct,
+            tenant=entry.tenant,
+            shared=entry.tenant == SHARED_TENANT,
+            voice_digest=digest,
         )
 
     async def warm(self, tenant: str, spec: PromptSpec) -> tuple[Entry, bool]:
@@ -293,48 +321,74 @@ class SpeechCacheService:
             return entry, False  # already on its way
         return entry, self.warmer.submit(entry)
 
-    async def check(self, entry: Entry) -> PromptState:
-        """The levels holding each segment of ``entry`` now (CheckPrompt)."""
-        request = await self._request_for(entry)
-        answer = await self.engine.check(request)
+    async def check(self, tenant: str, entry: Entry) -> PromptState:
+        """The levels holding each segment of ``entry`` now (CheckPrompt), asked by
+        ``tenant``; raises :class:`Overloaded` past :data:`MAX_CHECKS_PER_TENANT` of its
+        checks at once, or when the engine is too busy to check."""
+        if self._checks.get(tenant, 0) >= MAX_CHECKS_PER_TENANT:
+            raise Overloaded("too many prompt checks in progress")
+        self._checks[tenant] = self._checks.get(tenant, 0) + 1
+        try:
+            request = await self._request_for(entry)
+            answer = await self.engine.check(request)
+        finally:
+            left = self._checks[tenant] - 1
+            if left:
+                self._checks[tenant] = left
+            else:
+                del self._checks[tenant]
+        if answer.code == "overloaded":
+            raise Overloaded(answer.message)
         if not answer.code:
             entry.segments = answer.segments
         return answer
 
+    def remove(self, tenant: str, prompt_id: str) -> bool:
+        """Take the tenant's prompt off the list, and out of the warm-up queue."""
+        entry = self.catalog.get(tenant, prompt_id)
+        if entry is None or not self.catalog.remove(tenant, prompt_id):
+            return False
+        self.warmer.discard(entry)
+        self._observer.changed()
+        return True
+
+    async def purge(self, tenant: str) -> int:
+        """A tenant's erasure: its prompts leave the list and the queue, and the engine
+        drops everything cached from it (every level). Returns the memory entries
+        dropped. Raises :class:`SpeechCacheOff` or :class:`EngineUnavailable`."""
+        for entry in [e for e in self.catalog.visible(tenant) if e.tenant == tenant]:
+            self.remove(tenant, entry.id)
+        return await self.engine.purge(tenant)
+
     # --- voice deletions ---------------------------------------------------------------
 
-    def forget_voice(self, voice_id: str, voice_digest: str | None) -> None:
-        """A registered voice was deleted: its prompts leave the catalog and the engine
-        drops its cached speech (now, or once it is back)."""
+    def forget_voice(self, voice_id: str, voice_digest: str | None, tenant: str) -> None:
+        """``tenant``'s registered voice was deleted: its prompts leave the catalog and
+        the engine drops its cached speech (now, or once it is back)."""
         removed = self.catalog.remove_voice(voice_id)
         if removed:
             self._observer.changed()
         if voice_digest is None:
             return
-        if not self.engine.forget(voice_digest):
-            self._pending_forgets[voice_digest] = None
+        if not self.engine.forget(voice_digest, tenant):
+            self._pending_forgets[(voice_digest, tenant)] = None
             while len(self._pending_forgets) > MAX_PENDING_FORGETS:
                 dropped, _ = self._pending_forgets.popitem(last=False)
-                log.error("speech cache: too many voice deletions pending; %s not sent", dropped)
+                log.error("speech cache: too many voice deletions pending; %s not sent", dropped[0])
         else:
             log.info("speech cache: voice %s forgotten", voice_id)
 
     def _send_pending_forgets(self) -> None:
         while self._pending_forgets:
-            digest = next(iter(self._pending_forgets))
-            if not self.engine.forget(digest):
+            digest, tenant = next(iter(self._pending_forgets))
+            if not self.engine.forget(digest, tenant):
                 return
-            del self._pending_forgets[digest]
-
-
-def features_digest(features: bytes) -> str:
-    """The engine's ``voice_digest`` of a registered voice: sha256 hex of its features."""
-    return hashlib.sha256(features).hexdigest()
+            del self._pending_forgets[(digest, tenant)]
 
 
 __all__ = [
     "EngineCache",
+    "Overloaded",
     "SpeechCacheService",
     "SpeechCacheSettings",
-    "features_digest",
 ]

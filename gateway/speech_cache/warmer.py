@@ -2,7 +2,10 @@
 
 Nothing waits for the warmer: the gateway answers ``/healthz`` and ``/readyz`` and takes
 calls while it works, and the engine renders warm-ups behind every call's work (idle
-capacity only). At most ``concurrency`` prompts are with the engine at a time. A prompt
+capacity only). At most ``concurrency`` prompts are with the engine at a time. The queue
+is served round-robin by tenant and bounded per tenant (fair_queue.py): one tenant's
+burst never delays or refuses another's prompts, and a prompt deleted before its turn
+leaves the queue (:meth:`Warmer.discard`). A prompt
 whose engine went away (a crash, a restart) is tried again once the engine is back, up to
 ``max_attempts`` times; one the engine refuses (an unknown voice, text too long, the
 cache off) fails at once, logged with where it came from (the prompts file's line).
@@ -22,6 +25,7 @@ from typing import Final, Protocol
 from engine.ipc.client import EngineUnavailable
 from engine.ipc.schema import PromptRequest, PromptState
 from gateway.speech_cache.catalog import Entry
+from gateway.speech_cache.fair_queue import FairQueue
 from gateway.speech_cache.prompts import PromptError
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,7 @@ class Warmer:
         *,
         concurrency: int = 2,
         max_queue: int = 10_000,
+        max_per_tenant: int = 1000,
         max_attempts: int = 5,
         warm_timeout_s: float = 120.0,
         engine_wait_s: float = 60.0,
@@ -77,7 +82,11 @@ class Warmer:
         self._resolve = resolve
         self._observer = observer
         self._concurrency = concurrency
-        self._queue: asyncio.Queue[Entry] = asyncio.Queue(max_queue)
+        self._queue: FairQueue[Entry] = FairQueue(per_tenant=max_per_tenant, total=max_queue)
+        self._ready = asyncio.Event()  # set while the queue holds something
+        self._unfinished = 0  # queued or being warmed (join)
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._max_attempts = max_attempts
         self._warm_timeout_s = warm_timeout_s
         self._engine_wait_s = engine_wait_s
@@ -90,7 +99,7 @@ class Warmer:
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize()
+        return len(self._queue)
 
     def start(self) -> None:
         self._started_at = time.monotonic()
@@ -108,22 +117,42 @@ class Warmer:
         self._tasks = []
 
     def submit(self, entry: Entry) -> bool:
-        """Queue ``entry``; False (and the entry failed, ``queue_full``) when the queue is
-        full."""
+        """Queue ``entry``; False (and the entry failed, ``queue_full``) when its tenant's
+        share of the queue, or the queue, is full."""
         entry.state = "pending"
         entry.code = entry.message = ""
-        try:
-            self._queue.put_nowait(entry)
-        except asyncio.QueueFull:
+        if not self._queue.push(entry.tenant, entry):
             self._fail(entry, "queue_full", "the warm-up queue is full; try again later")
             return False
+        self._unfinished += 1
+        self._idle.clear()
+        self._ready.set()
         self.submitted += 1
         self._observer.changed()
         return True
 
+    def discard(self, entry: Entry) -> bool:
+        """Take ``entry`` out of the queue (its prompt was deleted); False when it is not
+        queued (being warmed, or done)."""
+        if not self._queue.remove(entry.tenant, entry):
+            return False
+        self._finished_one()
+        return True
+
+    def _finished_one(self) -> None:
+        self._unfinished -= 1
+        if self._unfinished == 0:
+            self._idle.set()
+
+    async def _next(self) -> Entry:
+        while (entry := self._queue.pop()) is None:
+            self._ready.clear()
+            await self._ready.wait()
+        return entry
+
     async def _work(self) -> None:
         while True:
-            entry = await self._queue.get()
+            entry = await self._next()
             try:
                 await self._warm(entry)
             except asyncio.CancelledError:
@@ -132,7 +161,7 @@ class Warmer:
                 log.exception("speech cache: warming %s (%s) failed", entry.id, entry.source)
                 self._fail(entry, "internal_error", "warm-up failed")
             finally:
-                self._queue.task_done()
+                self._finished_one()
                 self._progress()
 
     async def _warm(self, entry: Entry) -> None:
@@ -205,15 +234,15 @@ class Warmer:
 
     def _progress(self) -> None:
         finished = self.done + self.failed
-        if finished % PROGRESS_EVERY == 0 or self._queue.empty():
+        if finished % PROGRESS_EVERY == 0 or not self._queue:
             log.info(
                 "speech cache warm-up: %d warm, %d failed, %d pending (%.1f s)",
-                self.done, self.failed, self._queue.qsize(), time.monotonic() - self._started_at,
+                self.done, self.failed, len(self._queue), time.monotonic() - self._started_at,
             )  # fmt: skip
 
     async def join(self) -> None:
         """Until every queued prompt is finished (tests, the benchmark)."""
-        await self._queue.join()
+        await self._idle.wait()
 
 
 __all__ = ["CacheEngine", "SpeechCacheOff", "Warmer", "WarmupObserver"]

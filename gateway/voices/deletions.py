@@ -9,9 +9,11 @@ the subscription fails and comes back, every cached record is expired (deletions
 been missed meanwhile).
 
 Message: JSON ``{"voice": "<id>", "erased": "<sha256>" | null, "digest": "<sha256>" |
-null}``; ``erased`` names the reference audio when the voice was its last user, so its
-features go too; ``digest`` is the sha256 of the voice's features, which keys its speech
-in the engines' speech caches (each instance asks its engine to forget it). Anything else
+null, "tenant": "<tenant>"}``; ``erased`` names the reference audio when the voice was
+its last user, so its features go too; ``digest`` is the voice's digest
+(engine/speech_cache/key.py ``registered_voice_digest``: its tenant, id and features),
+which keys its speech in the engines' speech caches (each instance asks its engine to
+forget it, in ``tenant``'s entries). Anything else
 on the channel is ignored (and counted in the log).
 """
 
@@ -39,12 +41,18 @@ MAX_MESSAGE_BYTES = 1024
 class Deletion:
     voice_id: str
     erased_sha256: str | None  # the reference audio, when the voice was its last user
-    #: sha256 hex of the voice's features (the speech cache's voice digest), when known.
+    #: The speech cache's voice digest (its tenant, id and features), when known.
     features_digest: str | None = None
+    tenant: str = ""
 
     def encode(self) -> bytes:
         return json.dumps(
-            {"voice": self.voice_id, "erased": self.erased_sha256, "digest": self.features_digest}
+            {
+                "voice": self.voice_id,
+                "erased": self.erased_sha256,
+                "digest": self.features_digest,
+                "tenant": self.tenant,
+            }
         ).encode()
 
     @classmethod
@@ -59,11 +67,14 @@ class Deletion:
         if not isinstance(doc, dict):
             return None
         voice, erased, digest = doc.get("voice"), doc.get("erased"), doc.get("digest")
+        tenant = doc.get("tenant", "")
         if not isinstance(voice, str) or not (erased is None or isinstance(erased, str)):
             return None
         if not (digest is None or (isinstance(digest, str) and len(digest) == 64)):
             return None
-        return cls(voice, erased, digest)
+        if not isinstance(tenant, str):
+            return None
+        return cls(voice, erased, digest, tenant)
 
 
 class DeletionChannel:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from engine.ipc.client import EngineClient, EngineRejected, EngineUnavailable
+from engine.speech_cache.key import registered_voice_digest
 from gateway.errors import ErrorCode
 from gateway.metrics import GatewayMetrics
 from gateway.voices.deletions import Deletion, DeletionChannel
@@ -375,8 +376,9 @@ class VoiceRegistry:
             ) from None
 
     async def _features_digest(self, record: VoiceRecord) -> str | None:
-        """sha256 hex of the voice's features if this instance or the store has them
-        (nothing is extracted): what the engines' speech caches key its speech by."""
+        """The voice's digest (its tenant, id and features) if this instance or the store
+        has its features (nothing is extracted): what the engines' speech caches key its
+        speech by (engine/speech_cache/key.py ``registered_voice_digest``)."""
         info = self._backend()
         if info is None:
             return None
@@ -385,7 +387,9 @@ class VoiceRegistry:
         if blob is None:
             with contextlib.suppress(StorageUnavailable):
                 blob = await self._store.load_features(key)
-        return hashlib.sha256(blob).hexdigest() if blob is not None else None
+        if blob is None:
+            return None
+        return registered_voice_digest(record.tenant, record.id, blob)
 
     async def delete(self, tenant: str, voice_id: str) -> bool:
         record = await self.get(tenant, voice_id)
@@ -410,7 +414,9 @@ class VoiceRegistry:
             raise VoiceError(
                 ErrorCode.STORAGE_UNAVAILABLE, "voice storage is unreachable", 503
             ) from None
-        deletion = Deletion(voice_id, record.audio_sha256 if erased else None, digest)
+        deletion = Deletion(
+            voice_id, record.audio_sha256 if erased else None, digest, record.tenant
+        )
         self.forget(deletion)
         log.info("voice %s deleted (reference audio erased: %s)", voice_id, erased)
         if self.deletions is not None:

@@ -24,6 +24,7 @@ class FakeStream:
         final: bool,
         release: bool = False,
         instruct: str | None = None,
+        retain: bool | None = None,
     ) -> None:
         pass
 

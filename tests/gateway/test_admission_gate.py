@@ -7,7 +7,7 @@ import pytest
 
 from gateway.admission import AdmissionSettings
 from gateway.admission_gate import AdmissionGate, Ticket, UtteranceAdmission
-from gateway.likely_hits import LikelyHits, likely_hit_key
+from gateway.likely_hits import SHARED, LikelyHits, likely_hit_key
 from gateway.metrics import GatewayMetrics
 
 
@@ -89,7 +89,7 @@ def _degraded_with_a_queue(clock: Clock) -> tuple[AdmissionGate, UtteranceAdmiss
 def test_a_likely_hit_skips_the_queue_and_a_miss_forgets_it() -> None:
     clock = Clock()
     gate, admission = _degraded_with_a_queue(clock)
-    greeting = likely_hit_key("en-us-joe", 1.0, None, "Thank you for calling Acme Bank.")
+    greeting = (likely_hit_key("acme", "en-us-joe", 1.0, None, "Thank you for calling Acme Bank."),)
     admission.admit(200, "greeting-1", greeting)
     assert admission.holding(200)  # nothing known yet: it waits like the others
     gate.first_audio(gate_ticket(admission, 200), "hit")  # (released later, served: a hit)
@@ -99,20 +99,43 @@ def test_a_likely_hit_skips_the_queue_and_a_miss_forgets_it() -> None:
     admission.first_audio(201, "miss")  # evicted since: synthesized
     admission.admit(202, "greeting-3", greeting)
     assert admission.holding(202)
-    other = likely_hit_key("en-us-joe", 1.25, None, "Thank you for calling Acme Bank.")
+    other = (likely_hit_key("acme", "en-us-joe", 1.25, None, "Thank you for calling Acme Bank."),)
     admission.admit(203, "faster", other)
     assert admission.holding(203)  # another speed is another recording
+
+
+def test_another_tenants_hit_is_no_likely_hit_but_a_shared_prompt_is() -> None:
+    """The engine's cache is scoped by tenant: a hit of tenant A says nothing of tenant
+    B's utterance of the same text (it waits like any synthesis); a prompt the operator
+    declared (warmed as shared) is a likely hit for every tenant."""
+    clock = Clock()
+    gate, admission = _degraded_with_a_queue(clock)
+    text = "Thank you for calling Acme Bank."
+
+    def keys(tenant: str) -> tuple[str, ...]:
+        return tuple(likely_hit_key(t, "en-us-joe", 1.0, None, text) for t in (tenant, SHARED))
+
+    admission.admit(300, "a-1", keys("a"))
+    gate.first_audio(gate_ticket(admission, 300), "hit")
+    admission.admit(301, "a-2", keys("a"))
+    assert not admission.holding(301)
+    admission.admit(302, "b-1", keys("b"))
+    assert admission.holding(302)  # another tenant's hit: no guess for this one
+    gate.likely_hits.remember(likely_hit_key(SHARED, "en-us-joe", 1.0, None, "Welcome."))
+    shared = tuple(likely_hit_key(t, "en-us-joe", 1.0, None, "Welcome.") for t in ("b", SHARED))
+    admission.admit(303, "b-2", shared)
+    assert not admission.holding(303)
 
 
 def test_likely_hits_are_bounded_and_age() -> None:
     clock = Clock()
     hits = LikelyHits(capacity=2, ttl_s=60.0, clock=clock)
     for key in ("a", "b", "c"):
-        hits.observe(key, "hit")
+        hits.observe((key,), "hit")
     assert len(hits) == 2 and not hits.likely("a") and hits.likely("b") and hits.likely("c")
     clock.now += 61
     assert not hits.likely("b")
-    hits.observe("c", "")  # an engine without a cache says nothing: forgotten
+    hits.observe(("c",), "")  # an engine without a cache says nothing: forgotten
     assert not hits.likely("c") and len(hits) == 0
     with pytest.raises(ValueError):
         LikelyHits(capacity=0)

@@ -504,6 +504,20 @@ def test_max_streams_int_accepted() -> None:
     assert hs_verifier().verify(hs256(claims(max_streams=3)), SCOPE).max_streams == 3
 
 
+def test_the_cache_claim_is_zero_retention() -> None:
+    """``cache: false`` in a token: the speech cache keeps none of its sessions' speech."""
+    assert hs_verifier().verify(hs256(claims(cache=False)), SCOPE).cache is False
+    assert hs_verifier().verify(hs256(claims(cache=True)), SCOPE).cache is True
+    assert hs_verifier().verify(hs256(claims()), SCOPE).cache is None
+    minted = mint_token(secret=SECRET, subject="alice", cache=False)
+    assert hs_verifier().verify(minted, SCOPE).cache is False
+
+
+@pytest.mark.parametrize("cache", ["false", 0, 1, [False], {"on": True}])
+def test_the_cache_claim_must_be_a_boolean(cache: Any) -> None:
+    expect_error(hs_verifier(), hs256(claims(cache=cache)), "token_claims")
+
+
 # -- configuration -------------------------------------------------------------------
 
 

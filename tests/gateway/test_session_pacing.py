@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import pytest
@@ -37,6 +37,7 @@ from gateway.session import (
     SessionState,
     StartOptions,
 )
+from gateway.tenant_quota import UNASSIGNED, TenantQuota
 
 TICK_MS = 5
 FRAME_S = 0.020
@@ -93,6 +94,7 @@ class FakeStream:
         self.boundaries = SpscRing.create(bytearray(SpscRing.region_size(4096)), 4096)
         self.speaks: list[tuple[int, str, bool]] = []
         self.instructs: list[str | None] = []
+        self.retains: list[bool | None] = []
         self.cancel_gate: asyncio.Event | None = None
         self.cancel_error: Exception | None = None
         self.cancels = 0
@@ -107,9 +109,11 @@ class FakeStream:
         final: bool,
         release: bool = False,
         instruct: str | None = None,
+        retain: bool | None = None,
     ) -> None:
         self.speaks.append((utterance, text, final))
         self.instructs.append(instruct)
+        self.retains.append(retain)
 
     def cancel_utterance(self, utterance: int) -> None:
         pass
@@ -226,6 +230,7 @@ def make_session(
     clock: Clock | None = None,
     limits: SessionLimits | None = None,
     engine_error: Exception | None = None,
+    quota: TenantQuota = UNASSIGNED,
 ) -> Harness:
     clock = clock or Clock()
     peer = FakePeer(clock)
@@ -241,6 +246,7 @@ def make_session(
         metrics=metrics,
         limits=limits or SessionLimits(),
         clock=clock,
+        quota=quota,
     )
     return Harness(session, peer, stream, client, clock, pacer, metrics)
 
@@ -300,6 +306,9 @@ async def test_start_opens_the_stream_and_sends_ready():
             "voice_profile": None,
             "instruct": None,
             "input_sample_rate": None,
+            "tenant": "",
+            "retain": True,
+            "voice_digest": "",
         }
     ]
     assert h.peer.event_list() == [Ready(h.session.id, "mulaw_8000", 8000, 20)]
@@ -312,6 +321,31 @@ async def test_an_utterance_s_instruction_goes_with_its_first_text_only():
     h.session.speak("再见。", "a", instruct="ignored: the utterance is open")
     h.session.speak("Next.", "b")
     assert h.stream.instructs == ["开心", None, None]
+
+
+@pytest.mark.parametrize(
+    ("quota", "no_retention", "on_start", "stream", "utterances"),
+    [
+        # (token's claim / the tenant, the setting, start.cache) -> stream, speak retains
+        (TenantQuota("acme"), frozenset(), None, True, [None, False, True]),
+        (TenantQuota("acme"), frozenset(), False, False, [None, False, True]),
+        (TenantQuota("acme", cache=False), frozenset(), True, False, [None, False, False]),
+        (TenantQuota("acme"), frozenset({"acme"}), True, False, [None, False, False]),
+        (TenantQuota("acme"), frozenset({"*"}), None, False, [None, False, False]),
+        (TenantQuota("other"), frozenset({"acme"}), None, True, [None, False, True]),
+    ],
+)
+async def test_zero_retention_reaches_the_engine(quota, no_retention, on_start, stream, utterances):
+    """``cache`` on start (the session) and speak (one utterance) reach the engine as
+    ``retain``, under the tenant's setting (the token's ``cache`` claim,
+    GATEWAY_SPEECH_CACHE_NO_RETENTION), which no request lifts; the stream is the tenant's."""
+    h = make_session(limits=SessionLimits(no_retention=no_retention), quota=quota)
+    await h.session.start(replace(options(), cache=on_start))
+    assert (h.client.opened[0]["tenant"], h.client.opened[0]["retain"]) == (quota.tenant, stream)
+    h.session.speak("Hello.", "a")
+    h.session.speak("Your code is 1234.", "b", cache=False)
+    h.session.speak("Welcome back.", "c", cache=True)
+    assert h.stream.retains == utterances
 
 
 async def test_start_twice_is_refused():

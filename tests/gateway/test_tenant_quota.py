@@ -21,6 +21,20 @@ def test_a_token_gives_its_tenant_and_its_claim() -> None:
     assert quota_for(principal(None)).limit(100) == 100  # GATEWAY_TENANT_MAX_STREAMS
 
 
+def test_the_tenants_retention_is_a_ceiling() -> None:
+    """The token's ``cache: false`` or GATEWAY_SPEECH_CACHE_NO_RETENTION keeps nothing,
+    whatever a request asks; otherwise the request decides, by default keeping."""
+    free = quota_for(principal(None))
+    assert free.retains(frozenset()) and free.retains(frozenset(), True)
+    assert not free.retains(frozenset(), False)
+    assert not free.retains(frozenset({"acme"}), True)
+    assert not free.retains(frozenset({"*"}), None)
+    assert free.retains(frozenset({"other"}), None)
+    claimed = quota_for(Principal("alice", "acme", frozenset(), None, 0.0, cache=False))
+    assert claimed == TenantQuota("acme", None, False)
+    assert not claimed.retains(frozenset(), True)
+
+
 def test_a_trusted_network_gives_its_tenant_under_the_setting() -> None:
     assert quota_for("audiosocket") == TenantQuota("audiosocket", None)
     assert quota_for("sip").limit(7) == 7

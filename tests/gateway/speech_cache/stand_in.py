@@ -2,8 +2,9 @@
 against (the real engine is tests/integration/test_speech_cache.py's).
 
 Segments are the text's sentences; a warmed segment is held in "memory" under everything
-a real key holds that the gateway sends (voice, the features' digest, speed, language,
-instruct, sample rate); ForgetVoice drops a registered voice's segments.
+a real key holds that the gateway sends (its scope: the tenant's or the shared one, voice,
+the voice's digest, speed, language, instruct, sample rate); ForgetVoice drops a
+registered voice's segments, PurgeTenant a tenant's.
 """
 
 from __future__ import annotations
@@ -14,9 +15,16 @@ import re
 from dataclasses import dataclass
 
 from engine.ipc.client import EngineUnavailable
-from engine.ipc.schema import Pong, PromptRequest, PromptState, SegmentState, SpeechCacheStats
+from engine.ipc.schema import (
+    Pong,
+    PromptRequest,
+    PromptState,
+    SegmentState,
+    SpeechCacheStats,
+    TenantPurged,
+)
 
-Key = tuple[str, str, str, float, str, str, int]
+Key = tuple[str, str, str, str, float, str, str, int]
 
 
 def segments(text: str) -> list[str]:
@@ -24,9 +32,9 @@ def segments(text: str) -> list[str]:
 
 
 def key(prompt: PromptRequest, segment: str) -> Key:
-    digest = hashlib.sha256(prompt.voice_profile).hexdigest() if prompt.voice_profile else ""
-    return (prompt.voice, digest, segment, prompt.speed, prompt.language or "",
-            prompt.instruct or "", prompt.sample_rate)  # fmt: skip
+    scope = "shared" if prompt.shared else f"tenant:{prompt.tenant}"
+    return (scope, prompt.voice, prompt.voice_digest, segment, prompt.speed,
+            prompt.language or "", prompt.instruct or "", prompt.sample_rate)  # fmt: skip
 
 
 @dataclass
@@ -46,6 +54,8 @@ class CachingEngine:
         self.held: dict[Key, tuple[str, ...]] = {}
         self.warmed: list[PromptRequest] = []
         self.forgotten: list[str] = []
+        self.purged: list[str] = []
+        self.checks_answer: str = ""  # a code every check answers with ("overloaded")
         self.in_flight = 0
         self.most_in_flight = 0
         self.hold: asyncio.Event | None = None
@@ -74,6 +84,10 @@ class CachingEngine:
     async def check_prompt(self, prompt: PromptRequest, *, timeout: float = 5.0) -> PromptState:
         if self.lost:
             raise EngineUnavailable("gone")
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.checks_answer:
+            return PromptState(request_id=0, code=self.checks_answer, message="stand-in")
         return PromptState(
             request_id=0,
             segments=tuple(
@@ -82,10 +96,17 @@ class CachingEngine:
             ),
         )
 
-    def forget_voice(self, voice_digest: str) -> None:
+    def forget_voice(self, voice_digest: str, tenant: str) -> None:
         self.forgotten.append(voice_digest)
-        for k in [k for k in self.held if k[1] == voice_digest]:
+        for k in [k for k in self.held if k[2] == voice_digest]:
             del self.held[k]
+
+    async def purge_tenant(self, tenant: str, *, timeout: float = 60.0) -> TenantPurged:
+        self.purged.append(tenant)
+        gone = [k for k in self.held if k[0] == f"tenant:{tenant}"]
+        for k in gone:
+            del self.held[k]
+        return TenantPurged(request_id=0, entries=len(gone))
 
     async def prepare_voice(
         self, pcm16k: bytes, *, language: str | None = None, transcript: str | None = None

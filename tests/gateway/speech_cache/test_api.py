@@ -1,7 +1,8 @@
 """``/v1/speech-cache/prompts`` at the HTTP boundary, in a real aiohttp server with the
 real registry (file store), service, catalog and warmer, and a stand-in engine
 (:mod:`tests.gateway.speech_cache.stand_in`): auth, limits, tenant isolation of cloned
-voices, the levels reported, voice deletion, an engine without a cache."""
+voices and of the levels reported, fairness (checks, the warm-up queue), voice deletion,
+a tenant's erasure, an engine without a cache."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from engine.ipc.client import EngineUnavailable
 from engine.ipc.schema import VoiceInfo
+from engine.speech_cache.key import registered_voice_digest
 from gateway.auth import AuthSettings, mint_token
 from gateway.config import GatewaySettings
 from gateway.engine_supervisor import EngineSupervisor, SupervisorSettings
@@ -77,7 +79,7 @@ class World:
             metrics=state.metrics,
         )
         state.registry.deletion_listeners.append(
-            lambda d: self.service.forget_voice(d.voice_id, d.features_digest)
+            lambda d: self.service.forget_voice(d.voice_id, d.features_digest, d.tenant)
         )
         app = web.Application()
         app[STATE_KEY] = state
@@ -159,6 +161,7 @@ async def test_a_warmed_prompt_is_listed_and_reports_its_levels(make: Make) -> N
     assert got["cached"] is True
     [request] = world.engine.warmed
     assert (request.voice, request.sample_rate, request.voice_profile) == ("en-us", 8000, None)
+    assert (request.tenant, request.shared) == ("acme", False)  # the tenant's alone
     # the same prompt again: the same id, warmed again (its audio may have been evicted)
     status, again = await warm(client, "acme", text="Welcome to Acme Bank. Please hold.")
     assert (status, again["prompt"]["id"]) == (202, prompt["id"])
@@ -171,8 +174,10 @@ async def test_a_cloned_voice_is_warmed_with_its_features_for_its_tenant_only(ma
     assert status == 202
     await settled(client, "acme", body["prompt"]["id"])
     [request] = world.engine.warmed
-    base, features = await world.state.resolve_voice("acme", voice)
+    base, features, digest = await world.state.resolve_voice("acme", voice)
     assert (request.voice, request.voice_profile) == (base, features)  # as OpenStream
+    assert features is not None and request.voice_digest == digest
+    assert digest == registered_voice_digest("acme", voice, features)
     # another tenant can neither warm with it nor see the prompt
     status, refused = await warm(client, "other", voice=voice, text="Hello from Acme.")
     assert (status, refused["error"]["code"]) == (404, "unknown_voice")
@@ -189,11 +194,12 @@ async def test_deleting_a_voice_forgets_its_speech_and_its_prompts(make: Make) -
     voice = await world.register("acme")
     _, body = await warm(client, "acme", voice=voice, text="Hello from Acme.")
     await settled(client, "acme", body["prompt"]["id"])
-    _, features = await world.state.resolve_voice("acme", voice)
+    _, features, digest = await world.state.resolve_voice("acme", voice)
     assert features is not None and world.engine.held
     r = await client.delete(f"/v1/voices/{voice}", headers=auth("acme"))
     assert r.status == 204
-    assert world.engine.forgotten == [hashlib.sha256(features).hexdigest()]
+    assert world.engine.forgotten == [registered_voice_digest("acme", voice, features)]
+    assert world.engine.forgotten == [digest]
     assert world.engine.held == {}
     r = await client.get(f"{api.PATH}/{body['prompt']['id']}", headers=auth("acme"))
     assert r.status == 404
@@ -202,7 +208,7 @@ async def test_deleting_a_voice_forgets_its_speech_and_its_prompts(make: Make) -
 async def test_a_deletion_while_the_engine_is_away_is_sent_when_it_is_back(make: Make) -> None:
     client, world = await make()
     voice = await world.register("acme")
-    _, features = await world.state.resolve_voice("acme", voice)
+    _, _, digest = await world.state.resolve_voice("acme", voice)
     world.up = False
     r = await client.delete(f"/v1/voices/{voice}", headers=auth("acme"))
     assert r.status == 204 and world.engine.forgotten == []
@@ -210,7 +216,7 @@ async def test_a_deletion_while_the_engine_is_away_is_sent_when_it_is_back(make:
     async with asyncio.timeout(5):
         while not world.engine.forgotten:  # noqa: ASYNC110 - the 1 s retry
             await asyncio.sleep(0.05)
-    assert world.engine.forgotten == [hashlib.sha256(features or b"").hexdigest()]
+    assert world.engine.forgotten == [digest]
 
 
 @pytest.mark.parametrize(
@@ -265,3 +271,78 @@ async def test_an_engine_without_a_cache_or_no_engine_is_a_clear_error(make: Mak
     status, body = await warm(client, "acme", text="Hi.")
     assert (status, body["error"]["code"]) == (503, "engine_unavailable")
     assert world.engine.warmed == []
+
+
+async def test_a_check_answers_only_the_tenants_own_entries(make: Make) -> None:
+    """Tenant B warming the very prompt tenant A warmed gets B's own levels (nothing
+    until B's warm-up), never A's: the check API is no oracle of another's callers."""
+    client, world = await make()
+    text = "Your verification code is in the app."
+    _, a_body = await warm(client, "acme", text=text)
+    await settled(client, "acme", a_body["prompt"]["id"])
+    world.engine.hold = asyncio.Event()  # B's warm-up does not reach the engine yet
+    _, b_body = await warm(client, "other", text=text)
+    assert b_body["prompt"]["id"] != a_body["prompt"]["id"]
+    world.engine.hold.set()
+    await settled(client, "other", b_body["prompt"]["id"])
+    held = {k[0] for k in world.engine.held}
+    assert held == {"tenant:acme", "tenant:other"}  # one entry each, by scope
+    world.engine.held = {k: v for k, v in world.engine.held.items() if k[0] == "tenant:acme"}
+    r = await client.get(f"{api.PATH}/{b_body['prompt']['id']}", headers=auth("other"))
+    got = (await r.json())["prompt"]
+    assert got["segments"] == [{"text": text, "levels": []}] and got["cached"] is False
+
+
+async def test_too_many_checks_answer_503_with_retry_after(make: Make) -> None:
+    """A tenant's checks beyond its share, or an engine too busy to check, are 503
+    ``overloaded`` with Retry-After (not 400): the client may try again."""
+    client, world = await make()
+    _, body = await warm(client, "acme", text="Hello.")
+    prompt_id = body["prompt"]["id"]
+    await settled(client, "acme", prompt_id)
+    world.engine.hold = asyncio.Event()  # checks wait in the engine
+    url = f"{api.PATH}/{prompt_id}"
+    waiting = [asyncio.ensure_future(client.get(url, headers=auth("acme"))) for _ in range(4)]
+    await asyncio.sleep(0.2)
+    r = await client.get(url, headers=auth("acme"))
+    assert (r.status, (await r.json())["error"]["code"]) == (503, "overloaded")
+    assert r.headers["Retry-After"] == "1"
+    world.engine.hold.set()
+    assert [(await w).status for w in waiting] == [200] * 4
+    world.engine.checks_answer = "overloaded"
+    r = await client.get(url, headers=auth("acme"))
+    assert (r.status, (await r.json())["error"]["code"]) == (503, "overloaded")
+
+
+async def test_a_deleted_prompt_leaves_the_queue_and_a_flood_spares_others(make: Make) -> None:
+    """POST+DELETE floods by one tenant neither fill the warm-up queue nor keep another
+    tenant's prompt from being warmed; a full share answers 503 to its tenant only."""
+    client, world = await make(max_prompts=20)
+    world.engine.hold = asyncio.Event()  # nothing is warmed while the flood runs
+    for i in range(300):
+        _, body = await warm(client, "flood", text=f"Prompt number {i}.")
+        r = await client.delete(f"{api.PATH}/{body['prompt']['id']}", headers=auth("flood"))
+        assert r.status == 204
+    assert world.service.warmer.pending <= 1  # the deleted ones left the queue
+    status, mine = await warm(client, "acme", text="Welcome to Acme Bank.")
+    assert status == 202
+    world.engine.hold.set()
+    assert (await settled(client, "acme", mine["prompt"]["id"]))["state"] == "warm"
+    assert len(world.engine.warmed) <= 3  # the flood's deleted prompts never got there
+
+
+async def test_a_tenant_erases_its_own_entries_only(make: Make) -> None:
+    client, world = await make()
+    for tenant in ("acme", "other"):
+        _, body = await warm(client, tenant, text="Hello.")
+        await settled(client, tenant, body["prompt"]["id"])
+    r = await client.delete(api.ENTRIES_PATH, headers=auth("acme"))
+    assert r.status == 200 and (await r.json()) == {"purged": {"memory_entries": 1}}
+    assert world.engine.purged == ["acme"]
+    assert {k[0] for k in world.engine.held} == {"tenant:other"}
+    r = await client.get(api.PATH, headers=auth("acme"))
+    assert (await r.json())["prompts"] == []  # its prompts left the list too
+    r = await client.get(api.PATH, headers=auth("other"))
+    assert len((await r.json())["prompts"]) == 1
+    r = await client.delete(api.ENTRIES_PATH)
+    assert r.status == 401

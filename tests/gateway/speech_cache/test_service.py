@@ -34,8 +34,8 @@ class Link(EngineLink):
         return self.engine
 
 
-async def resolve(tenant: str, voice: str) -> tuple[str, bytes | None]:
-    return voice, None
+async def resolve(tenant: str, voice: str) -> tuple[str, bytes | None, str]:
+    return voice, None, ""
 
 
 def prompts_file(tmp_path: Path) -> Path:
@@ -59,14 +59,14 @@ async def test_start_up_prompts_are_warmed_in_the_background_once_the_engine_is_
     caplog.set_level(logging.INFO)
     metrics = GatewayMetrics()
     link = Link(tmp_path, metrics)
-    told: list[PromptSpec] = []  # the warmed prompts, for the admission gate's likely hits
+    told: list[tuple[str, PromptSpec]] = []  # the warmed prompts: the gate's likely hits
     service = SpeechCacheService(
         SpeechCacheSettings(prompts_path=prompts_file(tmp_path), limits=PromptLimits()),
         link=link,
         resolve_voice=resolve,
         metrics=metrics,
         declared=[DeclaredPrompt(source="sip flow demo, step bye", text="Goodbye.")],
-        on_warm=told.append,
+        on_warm=lambda tenant, spec: told.append((tenant, spec)),
     )
     async with asyncio.timeout(1):
         await service.start()  # returns at once: the engine is not even there
@@ -86,11 +86,12 @@ async def test_start_up_prompts_are_warmed_in_the_background_once_the_engine_is_
         ("Please hold.", "en-us", 16000),
         ("Goodbye.", link.default_voice, 8000),
     }
-    assert sorted(spec.text for spec in told) == [
-        "Goodbye.",
-        "Please hold.",
-        "Welcome to Acme Bank.",
+    assert sorted((tenant, spec.text) for tenant, spec in told) == [
+        ("", "Goodbye."),  # the operator's: shared by every tenant
+        ("", "Please hold."),
+        ("", "Welcome to Acme Bank."),
     ]
+    assert all(r.shared and r.tenant == "" for r in engine.warmed)
     states = {e.source: e.state for e in service.catalog}
     assert states == {"file:1": "warm", "file:2": "warm", "file:3": "failed",
                       "sip flow demo, step bye": "warm"}  # fmt: skip
@@ -130,7 +131,7 @@ async def test_an_engine_without_a_cache_gets_no_cache_messages(tmp_path: Path) 
     try:
         async with asyncio.timeout(5):
             await service.startup_queued.wait()
-        service.forget_voice("vc_0123456789abcdef", "ab" * 32)
+        service.forget_voice("vc_0123456789abcdef", "ab" * 32, "acme")
     finally:
         await service.stop()
     assert link.engine.warmed == [] and link.engine.forgotten == []
