@@ -12,7 +12,12 @@ espeak for registered voices), real clients, a real redis-server for the outage.
   drops its prompts and its speech everywhere (a re-registration of the same audio, hence
   the same features, misses again);
 - Redis (``ENGINE_SPEECH_CACHE_SHARED=redis``) killed in the middle of a call: the call
-  finishes with no error, and the next one too.
+  finishes with no error, and the next one too;
+- what may be kept (issue 34): another tenant's call of a text is synthesized (a miss,
+  and Piper's noise makes its bytes differ); a call that speaks a code and an amount leaves
+  nothing of either in any stored byte or name (the store scanned and every entry opened
+  with the secret); ``cache: false`` keeps nothing; a tenant's erasure; a squatted cache
+  directory stops the gateway at start.
 
 Every gateway here has its own cache directory: nothing is shared with other runs.
 """
@@ -21,8 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +38,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from engine.speech_cache import CachedSegment, tenant_scope
+from engine.speech_cache.sealing import Sealer
+from engine.speech_cache.settings import default_secret_file
 from tests.integration.caller_audio import espeak_reference, wav_bytes
 from tests.integration.harness import (
     GatewayProcess,
@@ -143,10 +154,11 @@ async def _call(
     voice: str = PIPER,
     tenant: str = "acme",
     fmt: str = "pcm_16000",
+    **start: Any,
 ) -> Heard:
     client = await NativeClient.connect(gw.ws_url, gw.token(tenant=tenant))
     try:
-        await client.start(voice, fmt, pacing="burst", timestamps="word")
+        await client.start(voice, fmt, pacing="burst", timestamps="word", **start)
         await client.send(type="speak", text=text, utterance_id="u1")
         await client.send(type="mark", name="after-u1")
         await client.wait_event("mark", timeout=60, name="after-u1")
@@ -320,3 +332,104 @@ async def test_redis_killed_mid_call_the_call_finishes_without_error(
             assert after.errors == [] and after.pcm
         finally:
             gw.stop()
+
+
+# --------------------------------------------------------- what may be kept (issue 34)
+
+
+async def test_another_tenants_call_of_a_text_is_synthesized(gateway: GatewayProcess) -> None:
+    """Tenant A's caller heard a sentence; tenant B's call of it is a miss: synthesized
+    (Piper samples noise, so its bytes differ from A's), never A's audio from the cache;
+    B's own second call hits B's entry."""
+    text = "The branch on Elm Street closes early today."
+    first = await _call(gateway, text, tenant="acme")
+    hits, misses = await _counts(gateway)
+    other = await _call(gateway, text, tenant="other")
+    assert await metric_reaches(gateway, FIRST_AUDIO, misses + 1, cache="miss") == misses + 1
+    assert await metric(gateway, FIRST_AUDIO, cache="hit") == hits
+    assert other.pcm != first.pcm and other.errors == []
+    again = await _call(gateway, text, tenant="other")
+    assert again.pcm == other.pcm
+
+
+def _entries_of(cache_dir: Path, tenant: str) -> list[Path]:
+    label = Sealer(_secret()).label("scope", tenant_scope(tenant))
+    return (
+        sorted(p for p in (cache_dir / label).rglob("*") if p.is_file())
+        if (cache_dir / label).is_dir()
+        else []
+    )
+
+
+def _secret() -> bytes:
+    return Path(default_secret_file()).read_bytes().strip()
+
+
+async def test_no_code_or_amount_is_stored_in_any_byte_or_name(
+    gateway: GatewayProcess, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A call speaks a one-time code and an amount; the store is then scanned: only the
+    words before each item are kept (two entries in the tenant's folder), and no name,
+    path or byte (every entry opened with the deployment's secret) holds the code, the
+    amount, or their spoken words."""
+    tenant = "scan"
+    text = "Your verification code is 682163. Your balance is $1,234.56."
+    heard = await _call(gateway, text, tenant=tenant)
+    assert heard.errors == [] and [w["text"] for w in heard.words][4:7] == ["six", "eight", "two,"]
+    cache_dir = Path(gateway.env["ENGINE_SPEECH_CACHE_DIR"])
+    async with asyncio.timeout(10):  # the shared writes are queued
+        while len(_entries_of(cache_dir, tenant)) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # anything else would have landed by now
+    entries = _entries_of(cache_dir, tenant)
+    sealer = Sealer(_secret())
+    said = []
+    for path in entries:
+        assert "682163" not in str(path) and "1234" not in str(path)
+        raw = path.read_bytes()
+        assert b"six" not in raw and b"thousand" not in raw
+        _, payload = sealer.open(path.name, raw)
+        segment = CachedSegment.decode(payload)
+        said.append(" ".join(word for word, _, _ in segment.words))
+    assert sorted(said) == ["Your balance is", "Your verification code is"]
+    personal = {"six", "eight", "two", "one", "three", "thousand", "hundred", "dollars"}
+    assert not personal & {w.strip(",.").lower() for s in said for w in s.split()}
+
+
+async def test_zero_retention_keeps_nothing(gateway: GatewayProcess) -> None:
+    """``cache: false`` on start: nothing of the session's speech is kept, so the next
+    call of the text (cache on) is synthesized again."""
+    text = "Please have your policy documents ready."
+    _, misses = await _counts(gateway)
+    await _call(gateway, text, tenant="pci", cache=False)
+    await _call(gateway, text, tenant="pci")
+    assert await metric_reaches(gateway, FIRST_AUDIO, misses + 2, cache="miss") == misses + 2
+
+
+async def test_a_tenant_erases_its_cached_speech(gateway: GatewayProcess) -> None:
+    text = "We will call you back within the hour."
+    await _call(gateway, text, tenant="erase")
+    hits, misses = await _counts(gateway)
+    await _call(gateway, text, tenant="erase")
+    assert await metric_reaches(gateway, FIRST_AUDIO, hits + 1, cache="hit") == hits + 1
+    status, body = await _api(gateway, "DELETE", "/v1/speech-cache/entries", "erase")
+    assert status == 200 and body["purged"]["memory_entries"] >= 1, body
+    cache_dir = Path(gateway.env["ENGINE_SPEECH_CACHE_DIR"])
+    assert _entries_of(cache_dir, "erase") == []
+    await _call(gateway, text, tenant="erase")
+    assert await metric_reaches(gateway, FIRST_AUDIO, misses + 1, cache="miss") == misses + 1
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to make a folder another user's")
+def test_a_squatted_cache_directory_stops_the_gateway_at_start(tmp_path: Path) -> None:
+    squatted = tmp_path / "speech-cache"
+    squatted.mkdir()
+    os.chown(squatted, 65534, 65534)  # another local user created it first
+    env = {**os.environ, "GATEWAY_JWT_SECRET": "s" * 40, "ENGINE_SPEECH_CACHE": "1",
+           "ENGINE_SPEECH_CACHE_DIR": str(squatted), "GATEWAY_PORT": "0"}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve"], env=env, capture_output=True, text=True,
+        timeout=60, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert str(squatted) in done.stderr and "another user created it first" in done.stderr
