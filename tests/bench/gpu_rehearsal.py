@@ -10,13 +10,18 @@ builds the nearest thing:
   nothing else; with ``--image-wheels`` the image's own versions first (pip ``--target``),
   where this machine's Python has them (transformers 5.17, huggingface-hub 1.33,
   tokenizers 0.23.2, onnxruntime 1.30: tests/bench/gpu_rehearsal_image.txt), in place of
-  the virtual environment's;
+  the virtual environment's. What this environment's versions of them require that the
+  image lacks (huggingface-hub 2.x's httpx2, without the image's versions) is linked too,
+  named in the audit's image list as the rehearsal's own, and is a failure of the
+  rehearsal when the image's versions stood in;
 - **the run**: ``tests/bench/cosyvoice2_gpu.sh`` (the device call's script) with this
   interpreter started with ``-S`` (no site-packages) and ``PYTHONPATH`` set to the image
   folder, so an import of anything neither the image nor the carried wheels provide fails
   here as it would there. Without a wheel folder for this Python (``--wheels`` absent: it
   is downloaded, ``make gpu-rehearsal``), the pinned distributions are linked from the
-  virtual environment into a separate folder instead of installed from wheels.
+  virtual environment into a separate folder instead of installed from wheels. The run's
+  import audit (tests/bench/gpu_imports.py) must find nothing outside the image and the
+  pins.
 
 What it cannot show: CPython 3.12, numpy 2.5 (no 3.11 wheels), torch 2.11 and torchaudio
 (this machine's torch is a CPU build of another version; without torchaudio the engine's
@@ -48,7 +53,6 @@ from tests.bench import gpu_wheels
 
 REPO: Final = Path(__file__).resolve().parents[2]
 SCRIPT: Final = REPO / "tests" / "bench" / "cosyvoice2_gpu.sh"
-IMAGE_PINS: Final = Path(__file__).with_name("gpu_rehearsal_image.txt")
 TINY_ARGS: Final = (
     "--dims",
     "tiny",
