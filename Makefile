@@ -137,21 +137,30 @@ clean:
 cosyvoice2-conformance: $(COSYVOICE2_STAMP)
 	$(PY) -m tests.bench.cosyvoice2_conformance --dims official --device cpu
 
-# CosyVoice2 on a GPU machine with PyTorch preinstalled and no network (docs/cosyvoice2.md):
-# `make gpu-wheels` where an index is reachable downloads the wheels of
-# tests/bench/cosyvoice2_gpu_wheels.txt into artifacts/gpu-wheels (not committed); copy the
-# repository with that directory to the GPU machine and run `make gpu-bench` there (its
-# python, not a venv): it installs what is missing, writes the official-size model, checks
-# the conformance on the GPU and runs the capacity benchmark (artifacts/cosyvoice2_gpu/).
+# CosyVoice2 on the lent GPU machine (docs/cosyvoice2.md, "One command on a GPU"): CPython
+# 3.12 with its image's own PyTorch stack and no network. `make gpu-wheels` here downloads
+# the wheels of tests/bench/cosyvoice2_gpu_wheels.txt (only what the image lacks) for
+# CPython $(GPU_PYTHON_VERSION) into artifacts/gpu-wheels (not committed: the device call
+# carries it) and checks them (tags, none of the image's packages, 60 MiB). `make
+# gpu-bench` is the device call's script: it installs them into a target folder, writes
+# the official-size model, checks the conformance on the GPU, runs the capacity benchmark
+# and writes artifacts/cosyvoice2_gpu/. `make gpu-rehearsal` runs that script here on the
+# CPU at tiny sizes, with only the image's distributions importable (tests/bench/
+# gpu_rehearsal.py), from wheels of the same list for this machine's CPython 3.11.
 GPU_WHEELS := artifacts/gpu-wheels
-GPU_PYTHON ?= python3
+GPU_PYTHON_VERSION ?= 3.12
 gpu-wheels:
-	$(PY) -m pip download --no-deps --only-binary=:all: --python-version 3.11 \
-	  --implementation cp --abi cp311 --abi abi3 --abi none \
-	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-	  --platform manylinux2014_x86_64 --platform any \
-	  -d $(GPU_WHEELS) -r tests/bench/cosyvoice2_gpu_wheels.txt
+	$(PY) -m tests.bench.gpu_wheels download --python $(GPU_PYTHON_VERSION) --dest $(GPU_WHEELS)
 	du -sh $(GPU_WHEELS)
 
 gpu-bench:
-	$(GPU_PYTHON) -m tests.bench.cosyvoice2_gpu --wheels $(GPU_WHEELS)
+	bash tests/bench/cosyvoice2_gpu.sh $(GPU_WHEELS) artifacts/cosyvoice2_gpu
+
+.PHONY: gpu-rehearsal
+gpu-rehearsal: $(COSYVOICE2_STAMP)
+	$(PY) -m tests.bench.gpu_wheels download --python 3.11 --dest artifacts/gpu-wheels-cp311
+	$(PY) -m tests.bench.gpu_wheels download --no-check --python 3.11 \
+	  --dest artifacts/gpu-image-cp311 --requirements tests/bench/gpu_rehearsal_image.txt
+	rm -rf artifacts/gpu-rehearsal
+	$(PY) -m tests.bench.gpu_rehearsal --work artifacts/gpu-rehearsal \
+	  --wheels artifacts/gpu-wheels-cp311 --image-wheels artifacts/gpu-image-cp311

@@ -1,15 +1,25 @@
-"""The one-command GPU run (and the conformance and KV benchmarks it builds on) runs end
-to end at tiny dimensions on the CPU: its instrument, not the GPU's figures."""
+"""The one-call GPU run (and the KV benchmark beside it) runs end to end at tiny
+dimensions on the CPU: its instrument, not the GPU's figures.
+
+The run goes through the device call's own script (tests/bench/cosyvoice2_gpu.sh) as the
+rehearsal makes it (tests/bench/gpu_rehearsal.py): this interpreter without site-packages,
+only the image's distributions (linked from this virtual environment) and the pinned ones
+importable, so an import the lent machine could not satisfy fails here. Installing the
+carried wheels needs them downloaded for this Python first (``make gpu-rehearsal``: pip
+download from PyPI); without them that one test is skipped and the run uses the pinned
+distributions linked from here instead.
+"""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from engine.backends.cosyvoice2 import upstream
-from tests.bench import cosyvoice2_gpu, cosyvoice2_kv
+from tests.bench import cosyvoice2_kv, gpu_rehearsal, gpu_wheels
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -17,15 +27,24 @@ pytestmark = [
         bool(upstream.missing_packages()), reason="the cosyvoice2 extra is not installed"
     ),
 ]
+WHEELS_311 = gpu_rehearsal.REPO / "artifacts" / "gpu-wheels-cp311"
 
 
-def test_the_gpu_run_checks_conformance_and_measures_every_level(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> gpu_rehearsal.StandIn:
+    return gpu_rehearsal.build_image(tmp_path_factory.mktemp("gpu-image"))
+
+
+def test_the_device_script_runs_the_gpu_run_with_only_the_image_and_the_pins(
+    tmp_path: Path, image: gpu_rehearsal.StandIn
+) -> None:
     out = tmp_path / "out"
-    dry_run = ["--dims", "tiny", "--device", "cpu", "--levels", "1", "2", "--official-levels", "1"]
-    cosyvoice2_gpu.main(
-        [*dry_run, "--wheels", "none", "--model-dir", str(tmp_path / "model"), "--out", str(out)]
-    )
+    site = gpu_rehearsal.link_pins(tmp_path)
+    env = gpu_rehearsal.environment(image, site)
+    done = gpu_rehearsal.run_script(env, None, out, [*gpu_rehearsal.TINY_ARGS, *image.args()])
+    assert done.returncode == 0
     body = json.loads((out / "cosyvoice2_gpu.json").read_text())
+    assert body["stage"] == "done"
     conformance = body["conformance"]
     assert conformance["all_equal"]
     assert len(conformance["tokens"]) == 8 and all(r["equal"] for r in conformance["tokens"])
@@ -40,16 +59,49 @@ def test_the_gpu_run_checks_conformance_and_measures_every_level(tmp_path: Path)
     }
     assert all(r["errors"] == 0 for r in body["capacity"])
     assert "| bfloat16 | engine | 2 |" in (out / "cosyvoice2_gpu.md").read_text()
+    # Every import came from the image's list or the pins (the pins from their folder).
+    imports = body["imports"]
+    assert imports["problems"] == []
+    wheels = {name for name, d in imports["distributions"].items() if d["from"] == "wheels"}
+    assert {"cosyvoice-minicpmo", "diffusers", "hyperpyyaml", "msgspec", "soxr"} <= wheels
+    assert imports["distributions"]["torch"]["from"] == "image"
+    # The stages said how far they got, with their times, in the log that comes back.
+    log = (out / "log.txt").read_text()
+    assert "[sh 0 s] Python 3.11" in log and "s] conformance: all equal True" in log
+    assert "s] done" in log
 
 
-def test_every_listed_wheel_is_pinned_and_installed_here() -> None:
-    import importlib.metadata
-
-    pins = cosyvoice2_gpu.requirements()
-    assert len(pins) == len({name for name, _ in pins}) > 30
-    for name, version in pins:
-        assert importlib.metadata.version(name) == version, name
-    assert "torch" not in {name for name, _ in pins}  # the GPU machine's own
+def test_the_device_script_installs_the_wheels_into_a_fresh_target(
+    tmp_path: Path, image: gpu_rehearsal.StandIn
+) -> None:
+    if not WHEELS_311.is_dir():
+        pytest.skip(
+            f"no {WHEELS_311.relative_to(gpu_rehearsal.REPO)}: the wheels for this Python "
+            "come from PyPI (make gpu-rehearsal); the run itself is tested without them"
+        )
+    report = gpu_wheels.check(
+        WHEELS_311, image=gpu_wheels.load_image(), pins=gpu_wheels.read_pins(), python=(3, 11)
+    )
+    assert report.problems == []
+    site = tmp_path / "site"
+    env = gpu_rehearsal.environment(image, site)
+    done = gpu_rehearsal.run_script(env, WHEELS_311, tmp_path / "out", ["--help"])
+    assert done.returncode == 0
+    assert f"installing {len(report.wheels)} wheels" in (tmp_path / "out" / "log.txt").read_text()
+    probe = (
+        "from engine.backends.cosyvoice2 import upstream; upstream.install_stand_ins(); "
+        "import cosyvoice.cli.model, matcha, diffusers, hyperpyyaml, msgspec, soxr; "
+        "print(cosyvoice.__file__)"
+    )
+    found = subprocess.run(
+        [*env["GPU_PYTHON"].split(), "-c", probe],
+        cwd=gpu_rehearsal.REPO,
+        env={"PYTHONPATH": f"{site}:{env['PYTHONPATH']}"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert found.stdout.startswith(str(site))
 
 
 def test_the_kv_benchmark_steps_every_level_and_frees_the_pool(tmp_path: Path) -> None:
