@@ -182,7 +182,14 @@ class GatewayProcess:
                 # Another test's process took the port between free_port() and the bind:
                 # draw another (only for that; any other exit is the test's to see).
                 if attempt == 2 or "address already in use" not in self.log_tail().lower():
+                    self.stop()
                     raise
+            except BaseException:
+                # Not ready in time (or interrupted): the fixture that called us never
+                # reaches its teardown, so the gateway and its engine must not outlive us
+                # (a leaked pair kept restarting engines through the rest of the run).
+                self.stop()
+                raise
             self._move_to(free_port())
 
     def _move_to(self, port: int) -> None:
