@@ -14,8 +14,8 @@ SYSTEM_STAMP := $(VENV)/.system-deps
 APT_PACKAGES := libopus0 opus-tools redis-server chromium fonts-wqy-microhei nginx prometheus \
   sip-tester baresip
 
-.PHONY: run test lint typecheck unit unit-parallel unit-realtime bench clean system-deps cosyvoice2 \
-  kokoro-voices
+.PHONY: run test check lint typecheck unit unit-fast unit-parallel unit-realtime bench clean \
+  system-deps cosyvoice2 kokoro-voices
 
 $(SYSTEM_STAMP):
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -27,10 +27,15 @@ $(SYSTEM_STAMP):
 	fi
 	@mkdir -p $(VENV) && touch $@
 
+# --no-compile: pip would byte-compile every file of every package (torch, transformers,
+# ...) at install: the project's install took 96 s with it, 31 s without (docs/testing.md).
+# Python compiles what is imported, once, on first import instead.
+PIP_INSTALL := $(PY) -m pip install -q --no-compile
+
 $(STAMP): pyproject.toml constraints.txt | $(SYSTEM_STAMP)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,examples]'
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) -c constraints.txt -e '.[test,examples]'
 	@touch $@
 
 system-deps: $(SYSTEM_STAMP)
@@ -43,8 +48,8 @@ COSYVOICE2_STAMP := $(VENV)/.installed-cosyvoice2
 COSYVOICE2_SOURCES := cosyvoice-minicpmo==0.1.0
 
 $(COSYVOICE2_STAMP): $(STAMP)
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,examples,cosyvoice2]'
-	$(PY) -m pip install -q --no-deps $(COSYVOICE2_SOURCES)
+	$(PIP_INSTALL) -c constraints.txt -e '.[test,examples,cosyvoice2]'
+	$(PIP_INSTALL) --no-deps $(COSYVOICE2_SOURCES)
 	@touch $@
 
 cosyvoice2: $(COSYVOICE2_STAMP)
@@ -85,6 +90,19 @@ PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 unit: unit-parallel unit-realtime
 
+# The inner loop (DESIGN.md section 8): lint, types and the fast suites, the unit tests of
+# engine/, gateway/ and telephony/ without the model-sized runs (marked `slow`) and the
+# real-time assertions (`realtime`): no gateway processes, browsers or benchmarks. A few
+# minutes at most on two cores (docs/testing.md); `make test` runs everything.
+FAST_SUITES := tests/engine tests/gateway tests/telephony tests/test_import_graph.py
+
+check: lint
+	@$(MAKE) --no-print-directory -j2 --output-sync=target typecheck unit-fast
+
+unit-fast: $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not slow and not realtime" \
+	  $(FAST_SUITES)
+
 unit-parallel: $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not realtime"
 
@@ -98,7 +116,7 @@ test: lint
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,bench]'
+	$(PIP_INSTALL) -c constraints.txt -e '.[test,bench]'
 	@touch $@
 
 # The standard benchmark matrix (docs/benchmarks.md): gateway against the naive baseline

@@ -424,6 +424,7 @@ def test_segments_start_and_end_quiet_so_joins_cannot_click(piper: PiperBackend)
         assert np.abs(pcm[-edge:]).max() < 600, text
 
 
+@pytest.mark.slow  # a recognizer over the prompt set, twice (about 18 s): not in make check
 def test_the_neural_voice_is_understood_over_the_telephone(
     piper: PiperBackend, espeak_backend: EspeakBackend
 ) -> None:

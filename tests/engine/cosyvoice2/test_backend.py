@@ -22,6 +22,10 @@ from engine.backends.cosyvoice2.voice import VoiceFeatureError, decode, encode
 from engine.ipc.env import ConfigError
 from tests.engine.cosyvoice2.tiny_model import reference_audio
 
+pytestmark = (
+    pytest.mark.slow
+)  # the real CosyVoice2 model code at tiny sizes, about a minute in all: not in make check
+
 SAMPLES_PER_TOKEN = 960  # 24 kHz, 25 tokens a second
 HELD_BACK = 3840  # upstream's vocoder cross-fade: 160 ms held until the next chunk
 # 20 byte tokens with the tiny tokenizer: at least 40 speech tokens (upstream's minimum of

@@ -29,6 +29,9 @@ from engine.text import normalize
 from tests.engine.cosyvoice2 import upstream_reference as ref
 from tests.engine.cosyvoice2.tiny_model import SPEAKER, reference_audio
 
+# Upstream and this backend side by side, about 20 s: not in make check.
+pytestmark = pytest.mark.slow
+
 ENGLISH = "Your balance is twelve dollars."
 CHINESE = "您好，请问有什么可以帮您？"
 MIXED = "请输入您的PIN码, then press pound."
