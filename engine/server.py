@@ -42,6 +42,7 @@ from engine.ipc.schema import (
     ProtocolError,
     PurgeTenant,
     Speak,
+    SpeechCacheStats,
     StreamClosed,
     StreamOpened,
     StreamRejected,
@@ -198,9 +199,7 @@ class _Connection(asyncio.Protocol):
                     memory_used_bytes=memory.used,
                     memory_budget_bytes=memory.budget,
                     vad_ready=server.vad.ready,
-                    speech_cache=server.speech_cache.stats()
-                    if server.speech_cache.enabled
-                    else None,
+                    speech_cache=server.speech_cache_stats(),
                 )
             )
         elif isinstance(message, OpenStream):
@@ -367,6 +366,19 @@ class EngineServer:
         self._outbox: deque[Callable[[], None]] = deque()
         self._relay_scheduled = False
         self._server: asyncio.AbstractServer | None = None
+
+    def speech_cache_stats(self) -> SpeechCacheStats | None:
+        """The speech cache's levels and what the scheduler's joins and cached prefixes
+        spared (None: no cache)."""
+        if not self.speech_cache.enabled:
+            return None
+        stats = self.speech_cache.stats()
+        counted = self.scheduler.stats
+        stats.joined_segments = counted.joined_segments
+        stats.joined_audio_seconds = counted.joined_audio_s
+        stats.prefix_hits = counted.prefix_hits
+        stats.prefix_audio_seconds = counted.prefix_audio_s
+        return stats
 
     def memory(self) -> MemoryUse:
         """Engine memory for admission: device memory when the backend is on a GPU,

@@ -367,8 +367,10 @@ class SegmentSplitter:
     _emitted: int = field(default=0)
     _cut_speech: bool = field(default=False)  # a speakable piece was cut off already
     _family: str = field(default="", init=False)
-    #: The segments emitted so far that carry personal data (engine.normalize.personal).
+    #: The segments emitted so far that carry personal data (engine.normalize.personal),
+    #: and those that are the words before one, cut off to be kept (``prefixes``).
     personal: set[str] = field(default_factory=set, init=False)
+    prefixes: set[str] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         self._family = language_family(self.language)
@@ -486,6 +488,7 @@ class SegmentSplitter:
                 and (after in (" ", ",") or _is_cjk(head[-1]) or _is_cjk(after))
             ):
                 parts = [(head, False), (whole[len(head) :].strip(" ,"), True)]
+                self.prefixes.add(head)
         segments: list[str] = []
         for part, personal in parts:
             pieces = [p for p in _limit(part, self.max_segment_chars) if _has_speech(p)]

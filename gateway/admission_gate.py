@@ -76,7 +76,8 @@ class AdmissionGate:
     def first_audio(self, ticket: Ticket, cache: str = "") -> None:
         """The engine produced the ticket's first audio: one less in flight.
 
-        ``cache`` "hit": it came from the speech cache. Its latency is still
+        ``cache`` "hit": it came from the speech cache ("join": from another stream's
+        synthesis of it, already in flight). Its latency is still
         counted in the engine's first-audio histogram but not by the controller, whose
         median and throughput measure synthesis: a host serving cached greetings in
         milliseconds must neither look healthy while synthesis is slow nor be credited
@@ -87,7 +88,7 @@ class AdmissionGate:
         if ticket.dispatched_at is not None and not ticket.closed:
             now = self._clock()
             latency = now - ticket.dispatched_at
-            if cache != "hit":
+            if cache not in ("hit", "join"):  # synthesis of its own: what the median is of
                 self.controller.observe_latency(latency, now)
             self._metrics.engine_first_audio.observe(latency)
         self.close(ticket)

@@ -67,8 +67,11 @@ class LikelyHits:
 
     def observe(self, keys: tuple[str, ...], cache: str) -> None:
         """The engine's answer for an utterance of ``keys`` (its tenant's own key first,
-        then the shared prompts'): "hit", "miss" or "". A hit marks its own key; a miss
-        forgets them all (a shared prompt evicted is no longer likely either)."""
+        then the shared prompts'): "hit", "join", "miss" or "". A hit marks its own key; a
+        miss forgets them all (a shared prompt evicted is no longer likely either); a join
+        (another stream's synthesis of it, in flight) says nothing yet."""
+        if cache == "join":
+            return
         if cache != "hit":
             for key in keys:
                 self._hits.pop(key, None)

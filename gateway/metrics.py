@@ -68,7 +68,13 @@ class EngineSpeechCacheCollector(Collector):
     - ``engine_speech_cache_errors_total`` {level}: lookups or writes that failed or
       timed out (served as misses: synthesis);
     - ``engine_speech_cache_rejected_total`` {level}: shared entries that failed
-      authentication (changed, forged, another secret): deleted, served as misses.
+      authentication (changed, forged, another secret): deleted, served as misses;
+    - ``engine_speech_cache_joins_total`` / ``engine_speech_cache_joined_audio_seconds_total``:
+      segments a stream heard from another stream's synthesis in flight (one synthesis per
+      text), and the audio not synthesized again;
+    - ``engine_speech_cache_prefix_hits_total`` / ``..._prefix_audio_seconds_total``: hits
+      on the words before a personal item (a dynamic prompt's first audio from the
+      cache), and their audio.
     """
 
     def __init__(self, source: Callable[[], SpeechCacheStats | None]) -> None:
@@ -122,8 +128,28 @@ class EngineSpeechCacheCollector(Collector):
             "Shared speech-cache entries that failed authentication (deleted, synthesized).",
             labels=["level"],
         )
+        saved = [
+            CounterMetricFamily(name, text)
+            for name, text in (
+                ("engine_speech_cache_joins",
+                 "Segments a stream heard from another stream's synthesis in flight."),
+                ("engine_speech_cache_joined_audio_seconds",
+                 "Audio heard from another stream's synthesis: not synthesized again."),
+                ("engine_speech_cache_prefix_hits",
+                 "Cache hits on the words before a personal item (amount, code, date)."),
+                ("engine_speech_cache_prefix_audio_seconds",
+                 "Audio of those words played from the cache: not synthesized."),
+            )
+        ]  # fmt: skip
         if stats is not None:
             enabled.add_metric([], 1.0 if stats.enabled else 0.0)
+            for family, value in zip(
+                saved,
+                (stats.joined_segments, stats.joined_audio_seconds, stats.prefix_hits,
+                 stats.prefix_audio_seconds),
+                strict=True,
+            ):  # fmt: skip
+                family.add_metric([], value)
             for level in stats.levels:
                 for backend, count in sorted(level.hits.items()):
                     hits.add_metric([level.level, backend], count)
@@ -134,7 +160,7 @@ class EngineSpeechCacheCollector(Collector):
                 evictions.add_metric([level.level], level.evictions)
                 errors.add_metric([level.level], level.errors)
                 rejected.add_metric([level.level], level.rejected)
-        yield from (enabled, hits, misses, entries, size, evictions, errors, rejected)
+        yield from (enabled, hits, misses, entries, size, evictions, errors, rejected, *saved)
 
 
 LATENCY_BUCKETS = (
@@ -366,12 +392,13 @@ class GatewayMetrics:
         self.speech_cache_first_audio = Histogram(
             "gateway_speech_cache_first_audio_seconds",
             "gateway_first_audio_seconds split by where the utterance's first segment came "
-            "from: cache=hit (the engine's speech cache) or miss (synthesized).",
+            "from: cache=hit (the engine's speech cache), join (another stream's synthesis "
+            "of it, in flight) or miss (synthesized).",
             ["cache"],
             buckets=(0.001, 0.0025, *LATENCY_BUCKETS),
             registry=r,
         )
-        for label in ("hit", "miss"):
+        for label in ("hit", "join", "miss"):
             self.speech_cache_first_audio.labels(cache=label)
         self.speech_cache_prompts = Gauge(
             "gateway_speech_cache_prompts",

@@ -679,7 +679,7 @@ class Session:
             if item.first_frame_at is not None:
                 since = max(item.requested_at, item.head_at or item.requested_at)
                 self._metrics.first_audio.observe(item.first_frame_at - since)
-                if item.cache in ("hit", "miss"):
+                if item.cache in ("hit", "join", "miss"):
                     self._metrics.speech_cache_first_audio.labels(cache=item.cache).observe(
                         item.first_frame_at - since
                     )

@@ -10,7 +10,10 @@
   each other without circles;
 - a backend is created through its table (engine/backends/table.py): no module outside a
   backend's own folder imports it, and nothing runs in a circle through
-  ``engine/backends/base.py``.
+  ``engine/backends/base.py``;
+- the scheduler's parts (engine/scheduler/) import each other without circles and never
+  the coordinator, which ties them together and stays under 600 lines: the speech cache's
+  path, the flights and the warm-ups are parts of their own.
 
 Imports under ``if TYPE_CHECKING:`` are left out (they do not run). Run with
 ``pytest tests/test_import_graph.py``; ``python -m tests.test_import_graph`` prints the
@@ -198,6 +201,24 @@ def test_backends_are_reached_only_through_the_table() -> None:
     base = "engine.backends.base"
     graph = _graph()
     assert base not in _reachable(graph, base), "an import circle runs through base.py"
+
+
+SCHEDULER = "engine.scheduler"
+COORDINATOR = "engine.scheduler.coordinator"
+MAX_COORDINATOR_LINES = 600
+
+
+def test_the_scheduler_s_parts_never_import_the_coordinator_and_run_no_circle() -> None:
+    parts: dict[str, set[str]] = {}
+    for edge in edges():
+        if edge.source.startswith(f"{SCHEDULER}.") and edge.target.startswith(f"{SCHEDULER}."):
+            parts.setdefault(edge.source, set()).add(edge.target)
+    assert [s for s, targets in parts.items() if COORDINATOR in targets] == []
+    assert [p for p in parts if p in _reachable(parts, p)] == []
+    for part in ("cache_path", "flights", "warming", "utterances", "commands"):
+        assert (COORDINATOR, f"{SCHEDULER}.{part}") in {(e.source, e.target) for e in edges()}
+    lines = len((ROOT / "engine" / "scheduler" / "coordinator.py").read_text().splitlines())
+    assert lines <= MAX_COORDINATOR_LINES, f"the coordinator grew to {lines} lines"
 
 
 def test_the_graph_is_read() -> None:

@@ -242,6 +242,13 @@ class CacheLevelStats(msgspec.Struct, kw_only=True):
 class SpeechCacheStats(msgspec.Struct, kw_only=True):
     enabled: bool
     levels: tuple[CacheLevelStats, ...] = ()
+    # Syntheses heard by more than one stream (engine/scheduler/flights.py): segments a
+    # stream heard from another's synthesis in flight, and their audio.
+    joined_segments: int = 0
+    joined_audio_seconds: float = 0.0
+    # Hits on the words before a personal item (cut apart to be reused), and their audio.
+    prefix_hits: int = 0
+    prefix_audio_seconds: float = 0.0
 
 
 class Pong(Message):
@@ -274,8 +281,8 @@ class UtteranceAudio(Message):
     stream_id: int
     utterance: int
     start_pos: int
-    # Where the first segment's audio came from: "hit" (the speech cache), "miss"
-    # (synthesized), "" (the cache is off).
+    # Where the first segment's audio came from: "hit" (the speech cache), "join" (another
+    # stream's synthesis of it, in flight), "miss" (synthesized), "" (the cache is off).
     cache: str = ""
 
 

@@ -8,9 +8,16 @@ The package's parts (each with one job):
 - ``output``: audio into the rings, boundaries, word timing and the utterance events;
 - ``state``: streams, utterances, lanes, and the two things other threads share with
   the coordinator, each behind a lock (the slots' generations, the counters);
-- ``channels``: commands (from the server) and results (from the workers), apart;
-- ``cache_keys``: the speech cache's keys of a stream's (or a prompt's) segments;
-- ``warm``: warm-up jobs (a prompt rendered into the speech cache, no stream);
+- ``channels``, ``commands``: commands (from the server) and results (from the workers,
+  the speech cache's lookups), apart;
+- ``utterances``: text into an utterance's segments, a cancelled utterance, the start
+  deadline;
+- ``cache_keys``, ``retention``: the speech cache's keys of a stream's (or a prompt's)
+  segments, and what of them may be kept;
+- ``cache_path``: the speech cache as streams meet it (look up, join, play, store);
+- ``flights``: one synthesis per segment in flight, heard by every stream that asks;
+- ``warm``, ``warming``: warm-up jobs (a prompt rendered into the speech cache, no
+  stream) and how the coordinator runs them;
 - ``coordinator``: :class:`Scheduler`, the loop that ties them together.
 
 The coordinator owns the streams' state (utterances, rings, boundaries, pending audio):
@@ -23,7 +30,9 @@ it is the rings' only writer. Each backend has a **lane**:
   streams (one model: the backend's ``batch_key``), a free worker runs one, and the audio
   comes back to the coordinator on the results channel, resampled by the worker.
 
-A stream has at most one segment in flight, so its audio stays in order.
+A stream has at most one segment in flight, so its audio stays in order. A segment in
+flight for one stream is heard by every other stream that asks for it meanwhile (the same
+key): one synthesis (``flights``).
 
 Order: work is done one text segment at a time (a clause or a sentence, at most
 :attr:`engine.text.SegmentSplitter.max_segment_chars` characters), in three tiers

@@ -30,20 +30,30 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.backends.base import (
+    Backend,
     BackendError,
     BatchSynthesizer,
     PcmChunk,
     SynthesisJob,
     WordTimer,
     WordTiming,
+    capabilities_of,
 )
 from engine.scheduler.output import OutputWriter
 from engine.scheduler.policy import observe_pace
-from engine.scheduler.state import Generations, Lane, StatsCounter, Stream, Utterance
+from engine.scheduler.state import (
+    Generations,
+    Lane,
+    SegmentRecord,
+    StatsCounter,
+    Stream,
+    Utterance,
+)
 from engine.speech_cache import SegmentKey
 from telephony.codecs.resample import StreamingResampler
 
 if TYPE_CHECKING:
+    from engine.scheduler.flights import Flight
     from engine.scheduler.warm import WarmJob
 
 log = logging.getLogger(__name__)
@@ -78,6 +88,9 @@ class Job:
     stream: Stream | None = field(default=None, compare=False, repr=False)
     # A warm-up job's segment (engine/scheduler/warm.py) instead of a stream's.
     warm: WarmJob | None = field(default=None, compare=False, repr=False)
+    # The flight it synthesizes (engine/scheduler/flights.py): its audio goes to every
+    # listener, and ``slot``/``generation`` are the flight's own.
+    flight: Flight | None = field(default=None, compare=False, repr=False)
 
     @property
     def leading(self) -> bool:
@@ -115,6 +128,37 @@ class BatchDone:
 
 
 Result = Audio | Words | BatchDone
+
+
+def lane_for(backend: Backend) -> Lane:
+    """The lane the backend's capability record asks for."""
+    can = capabilities_of(backend)
+    if can.batch and isinstance(backend, BatchSynthesizer):
+        threads, max_batch = max(1, backend.threads), max(1, backend.max_batch)
+        return Lane(backend, backend, threads, max_batch, can.independent_calls, can.word_timings)
+    return Lane(backend, None, times_words=can.word_timings)
+
+
+def take_segment(stream: Stream, *, record: bool) -> Segment:
+    """The single point where a segment leaves its stream's head utterance, for
+    synthesis or to join one in flight: taken off the utterance, with its speech-cache
+    key; ``record``: the stream keeps what its ring gets of it, to store it once complete
+    (not for a flight, which holds its own audio)."""
+    utterance = stream.utterances[0]
+    text = utterance.segments.popleft()
+    utterance.checked = False
+    utterance.dispatched = True
+    key = utterance.keys.key(text) if utterance.keys is not None else None
+    stream.record = SegmentRecord(key) if key is not None and record else None
+    return Segment(
+        text,
+        stream.handle(),
+        utterance.seq,
+        offset_ms=utterance.words_ms,
+        start_samples=utterance.samples,
+        leading=utterance.samples == 0,
+        key=key,
+    )
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from engine.backends.base import Backend, BatchSynthesizer
 from engine.backends.routing import RoutedVoice
@@ -18,6 +18,9 @@ from engine.scheduler.cache_keys import KeyMaker
 from engine.speech_cache import SegmentKey
 from engine.text import SegmentSplitter
 from telephony.codecs.resample import StreamingResampler
+
+if TYPE_CHECKING:
+    from engine.scheduler.flights import Flight
 
 
 @dataclass
@@ -63,6 +66,9 @@ class Utterance:
     # nothing of it; ``private``: its segments (and their pieces) that carry personal data.
     retain: bool = True
     private: set[str] = field(default_factory=set)
+    # Its segments that are the words before a personal item (kept apart to be reused:
+    # a hit on one is a cached prefix, counted as such).
+    prefixes: set[str] = field(default_factory=set)
     cut: CutSegment | None = None  # its segment in pieces, while they play
     startable_since: float | None = None  # first seen able to start (the start deadline)
     dispatched: bool = False  # a segment of it went to synthesis: the deadline is over
@@ -103,7 +109,8 @@ class Stream:
     resampler: StreamingResampler
     bytes_per_second: int
     sample_rate: int
-    busy: bool = False  # a segment of it is with a lane's worker
+    busy: bool = False  # a segment of it is with a lane's worker, or in a flight it joined
+    flight: Flight | None = None  # the flight it listens to (engine/scheduler/flights.py)
     fetching: int = 0  # the token of its speech-cache lookup in the shared level (0: none)
     keys: KeyMaker | None = None  # its voice's speech-cache keys (None: not cached)
     cache_epoch: int = 0  # the speech cache's epoch when it opened (SpeechCache.epoch)
@@ -173,6 +180,10 @@ class SchedulerStats:
     cached_segments: int = 0  # segments played from the speech cache
     audio_samples: int = 0
     synth_seconds: float = 0.0
+    joined_segments: int = 0  # segments a stream heard from another's synthesis
+    joined_audio_s: float = 0.0  # ... the audio they did not synthesize again
+    prefix_hits: int = 0  # cache hits on the words before a personal item
+    prefix_audio_s: float = 0.0  # ... the audio they did not synthesize
 
 
 class StatsCounter:
@@ -198,6 +209,16 @@ class StatsCounter:
     def cached(self, segments: int) -> None:
         with self._lock:
             self._stats.cached_segments += segments
+
+    def joined(self, audio_s: float) -> None:
+        with self._lock:
+            self._stats.joined_segments += 1
+            self._stats.joined_audio_s += audio_s
+
+    def prefix_hit(self, audio_s: float) -> None:
+        with self._lock:
+            self._stats.prefix_hits += 1
+            self._stats.prefix_audio_s += audio_s
 
     def streams(self, active: int) -> None:
         with self._lock:

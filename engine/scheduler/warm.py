@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.backends.routing import RoutedVoice
-from engine.scheduler.output import RelativeWords
 from engine.scheduler.state import Lane
 from engine.speech_cache import SegmentKey
 
@@ -59,10 +58,8 @@ class WarmJob:
     index: int = 0  # its next segment
     checked: bool = False  # that segment was looked up and missed: synthesize it
     fetching: int = 0  # the token of its shared-level lookup (0: none)
-    busy: bool = False  # that segment is with a lane's worker
+    busy: bool = False  # that segment is in flight (engine/scheduler/flights.py)
     error: tuple[str, str] | None = None
-    pcm: bytearray = field(default_factory=bytearray)  # the segment in synthesis
-    words: RelativeWords | None = None  # its words, if the backend timed them
 
     @classmethod
     def start(cls, request: WarmRequest, lane: Lane, timeout_s: float) -> WarmJob:
@@ -86,8 +83,6 @@ class WarmJob:
         """Its current segment is cached: on to the next."""
         self.index += 1
         self.checked = False
-        self.pcm = bytearray()
-        self.words = None
 
     def outcome(self) -> WarmOutcome:
         request = self.request

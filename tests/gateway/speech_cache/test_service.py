@@ -145,8 +145,11 @@ def test_the_engine_counters_and_first_audio_by_cache_are_exposed() -> None:
             CacheLevelStats(level="memory", store="memory", hits={"piper": 9},
                             misses={"piper": 3}, entries=5, bytes=480_000, evictions=2),
             CacheLevelStats(level="shared", store="redis", hits={"piper": 1},
-                            misses={"piper": 2}, entries=7, bytes=900_000, errors=4),
+                            misses={"piper": 2}, entries=7, bytes=900_000, errors=4,
+                            rejected=3),
         ),
+        joined_segments=29, joined_audio_seconds=87.5, prefix_hits=12,
+        prefix_audio_seconds=14.25,
     )  # fmt: skip
     metrics.speech_cache_first_audio.labels(cache="hit").observe(0.004)
     text = generate_latest(metrics.registry).decode()
@@ -158,8 +161,14 @@ def test_the_engine_counters_and_first_audio_by_cache_are_exposed() -> None:
         'engine_speech_cache_bytes{level="memory",store="memory"} 480000.0',
         'engine_speech_cache_evictions_total{level="memory"} 2.0',
         'engine_speech_cache_errors_total{level="shared"} 4.0',
+        'engine_speech_cache_rejected_total{level="shared"} 3.0',
+        "engine_speech_cache_joins_total 29.0",
+        "engine_speech_cache_joined_audio_seconds_total 87.5",
+        "engine_speech_cache_prefix_hits_total 12.0",
+        "engine_speech_cache_prefix_audio_seconds_total 14.25",
         'gateway_speech_cache_first_audio_seconds_bucket{cache="hit",le="0.005"} 1.0',
         'gateway_speech_cache_first_audio_seconds_count{cache="miss"} 0.0',
+        'gateway_speech_cache_first_audio_seconds_count{cache="join"} 0.0',
     ):
         assert line in text, line
     metrics.engine_speech_cache = None  # the engine is down: no engine samples
