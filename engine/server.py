@@ -378,6 +378,8 @@ class EngineServer:
         stats.joined_audio_seconds = counted.joined_audio_s
         stats.prefix_hits = counted.prefix_hits
         stats.prefix_audio_seconds = counted.prefix_audio_s
+        stats.played_audio_seconds = counted.audio_s
+        stats.cached_audio_seconds = counted.cached_audio_s
         return stats
 
     def memory(self) -> MemoryUse:

@@ -74,7 +74,10 @@ class EngineSpeechCacheCollector(Collector):
       text), and the audio not synthesized again;
     - ``engine_speech_cache_prefix_hits_total`` / ``..._prefix_audio_seconds_total``: hits
       on the words before a personal item (a dynamic prompt's first audio from the
-      cache), and their audio.
+      cache), and their audio;
+    - ``engine_speech_cache_played_audio_seconds_total`` / ``..._cached_audio_seconds_total``:
+      every stream's audio and what of it came from the cache (synthesized audio is played
+      less cached less joined).
     """
 
     def __init__(self, source: Callable[[], SpeechCacheStats | None]) -> None:
@@ -139,6 +142,10 @@ class EngineSpeechCacheCollector(Collector):
                  "Cache hits on the words before a personal item (amount, code, date)."),
                 ("engine_speech_cache_prefix_audio_seconds",
                  "Audio of those words played from the cache: not synthesized."),
+                ("engine_speech_cache_played_audio_seconds",
+                 "Every stream's audio, whatever its source (synthesized, cached, joined)."),
+                ("engine_speech_cache_cached_audio_seconds",
+                 "Audio played from the speech cache."),
             )
         ]  # fmt: skip
         if stats is not None:
@@ -146,7 +153,8 @@ class EngineSpeechCacheCollector(Collector):
             for family, value in zip(
                 saved,
                 (stats.joined_segments, stats.joined_audio_seconds, stats.prefix_hits,
-                 stats.prefix_audio_seconds),
+                 stats.prefix_audio_seconds, stats.played_audio_seconds,
+                 stats.cached_audio_seconds),
                 strict=True,
             ):  # fmt: skip
                 family.add_metric([], value)

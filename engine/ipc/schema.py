@@ -249,6 +249,10 @@ class SpeechCacheStats(msgspec.Struct, kw_only=True):
     # Hits on the words before a personal item (cut apart to be reused), and their audio.
     prefix_hits: int = 0
     prefix_audio_seconds: float = 0.0
+    # Every stream's audio, and what of it came from the cache: with the joined audio,
+    # what synthesis spared (synthesized = played - cached - joined).
+    played_audio_seconds: float = 0.0
+    cached_audio_seconds: float = 0.0
 
 
 class Pong(Message):

@@ -131,9 +131,10 @@ class CachePath:
         self._output.words(stream, utterance, offset_ms, segment.words, source)
         utterance.words_ms = offset_ms + duration_ms(len(segment.pcm) // 2, stream.sample_rate)
         self.add_to_cut(stream, utterance, segment)
-        self._counters.cached(1)
+        seconds = len(segment.pcm) / stream.bytes_per_second
+        self._counters.cached(1, seconds)
         if text in utterance.prefixes:
-            self._counters.prefix_hit(len(segment.pcm) / stream.bytes_per_second)
+            self._counters.prefix_hit(seconds)
         self._touch(stream.slot)
 
     # --- flights ---------------------------------------------------------------------

@@ -50,7 +50,7 @@ class OutputWriter:
         if utterance.start_pos is None:
             utterance.start_pos = stream.ring.write_pos + len(stream.pending)
         utterance.samples += len(pcm) // 2
-        self._stats.audio(len(pcm) // 2)
+        self._stats.audio(len(pcm) // 2, len(pcm) / stream.bytes_per_second)
         if stream.record is not None:
             stream.record.pcm += pcm
         if stream.pending:

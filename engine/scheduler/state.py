@@ -178,7 +178,9 @@ class SchedulerStats:
     queued_utterances: int = 0
     segments: int = 0
     cached_segments: int = 0  # segments played from the speech cache
+    cached_audio_s: float = 0.0  # ... their audio
     audio_samples: int = 0
+    audio_s: float = 0.0  # every stream's audio, whatever its source
     synth_seconds: float = 0.0
     joined_segments: int = 0  # segments a stream heard from another's synthesis
     joined_audio_s: float = 0.0  # ... the audio they did not synthesize again
@@ -197,18 +199,21 @@ class StatsCounter:
         with self._lock:
             return replace(self._stats)
 
-    def audio(self, samples: int) -> None:
+    def audio(self, samples: int, seconds: float = 0.0) -> None:
+        """Audio written to a stream (synthesized for it, joined or from the cache)."""
         with self._lock:
             self._stats.audio_samples += samples
+            self._stats.audio_s += seconds
 
     def synthesized(self, segments: int, seconds: float) -> None:
         with self._lock:
             self._stats.segments += segments
             self._stats.synth_seconds += seconds
 
-    def cached(self, segments: int) -> None:
+    def cached(self, segments: int, seconds: float = 0.0) -> None:
         with self._lock:
             self._stats.cached_segments += segments
+            self._stats.cached_audio_s += seconds
 
     def joined(self, audio_s: float) -> None:
         with self._lock:

@@ -16,12 +16,18 @@ when installed).
 Each level runs on a fresh gateway and engine: ``off`` is ``ENGINE_SPEECH_CACHE=0``;
 ``on`` is the cache with its host directory (a fresh one per level) and the 8 fixed
 prompts in ``GATEWAY_SPEECH_CACHE_PROMPTS``, warmed before the window opens (what an
-operator does). ``--burst N``: N callers hear the greeting at the same instant (one
-prompt each). Reported per level: first audio p50/p95/p99 at the client (exact), split
-hit/miss at the gateway (``gateway_speech_cache_first_audio_seconds``, interpolated in
-its buckets like ``histogram_quantile``), underruns, errors, the engine's hit ratio
+operator does); ``cold`` is the cache on and empty, nothing declared (a fresh deployment,
+a restart, a new prompt set: the yardstick declares nothing). ``--burst N``: N callers
+hear the greeting at the same instant (one prompt each): on a ``cold`` level, a prompt
+nobody has heard yet (a new announcement going live at peak). Reported per level: first
+audio p50/p95/p99 at the client (exact), split hit/join/miss at the gateway
+(``gateway_speech_cache_first_audio_seconds``, interpolated in its buckets like
+``histogram_quantile``), underruns, errors, the engine's hit ratio
 (``engine_speech_cache_*``: all hits over memory-level lookups), and whether the level
-meets first audio p95 <= 300 ms / p99 <= 500 ms with no underrun and no error.
+meets first audio p95 <= 300 ms / p99 <= 500 ms with no underrun and no error. Also,
+from the engine's counters (``engine_speech_cache_played_audio_seconds_total``, ``_cached_``,
+``_joined_``): the audio seconds synthesized per audio second played (1.0: every
+second played was synthesized for its caller), where the engine reports them.
 """
 
 from __future__ import annotations
@@ -145,7 +151,9 @@ def _cache_figures(before: promscrape.Scrape, after: promscrape.Scrape) -> dict[
     def delta(prefix: str, **labels: str) -> float:
         total = 0.0
         for key, value in after.values.items():
-            if key.startswith(prefix + "{") and all(f"{k}={v}" in key for k, v in labels.items()):
+            if (key == prefix or key.startswith(prefix + "{")) and all(
+                f"{k}={v}" in key for k, v in labels.items()
+            ):
                 total += value - before.values.get(key, 0.0)
         return total
 
@@ -159,7 +167,15 @@ def _cache_figures(before: promscrape.Scrape, after: promscrape.Scrape) -> dict[
         "hit_ratio": round(hits / lookups, 3) if lookups else None,
         "shared_errors": int(delta("engine_speech_cache_errors_total", level="shared")),
     }
-    for label in ("hit", "miss"):
+    played = delta("engine_speech_cache_played_audio_seconds_total")
+    spared = delta("engine_speech_cache_cached_audio_seconds_total") + delta(
+        "engine_speech_cache_joined_audio_seconds_total"
+    )
+    figures["played_audio_s"] = round(played, 1)
+    figures["synthesized_per_played"] = round((played - spared) / played, 3) if played else None
+    figures["joins"] = int(delta("engine_speech_cache_joins_total"))
+    figures["prefix_hits"] = int(delta("engine_speech_cache_prefix_hits_total"))
+    for label in ("hit", "join", "miss"):
         buckets = [
             (le, after_v - before_v)
             for (le, after_v), (_, before_v) in zip(
@@ -208,10 +224,11 @@ def _scrape_labelled(url: str) -> promscrape.Scrape:
 
 
 def run_one(
-    lang: str, cache: bool, calls: int, opts: LoadOptions, work: Path, *, burst: bool = False
+    lang: str, mode: str, calls: int, opts: LoadOptions, work: Path, *, burst: bool = False
 ) -> dict[str, Any]:
-    """One level on a fresh gateway: ``calls`` callers, the cache ``off`` or ``on``."""
-    mode = "on" if cache else "off"
+    """One level on a fresh gateway: ``calls`` callers, the cache ``off``, ``on`` (its
+    fixed prompts warmed first) or ``cold`` (on and empty)."""
+    cache = mode != "off"
     name = f"{lang}-{mode}-{'burst' if burst else 'calls'}-{calls}"
     env = {
         "ENGINE_VAD": "0",
@@ -220,7 +237,7 @@ def run_one(
         "ENGINE_SPEECH_CACHE_DIR": str(work / name / "cache"),
         "GATEWAY_TENANT_MAX_STREAMS": str(max(100, calls * 2)),
     }
-    if cache:
+    if mode == "on":
         (work / name).mkdir(parents=True, exist_ok=True)
         env["GATEWAY_SPEECH_CACHE_PROMPTS"] = str(_prompts_file(work / name / "p.jsonl", lang))
     target = GatewayTarget(work / name, backend=BACKENDS[lang], env=env)
@@ -228,7 +245,7 @@ def run_one(
     try:
         assert target.metrics_url is not None
         base = target.metrics_url.removesuffix("/metrics")
-        warm = wait_warm(base, target.token(), len(FIXED[lang])) if cache else None
+        warm = wait_warm(base, target.token(), len(FIXED[lang])) if mode == "on" else None
         before = _scrape_labelled(target.metrics_url)
         level = run_level(target, calls, opts)
         after = _scrape_labelled(target.metrics_url)
@@ -263,7 +280,8 @@ def run_one(
     print(
         f"  => {name}: first audio p50 {fa['p50']} p95 {fa['p95']} p99 {fa['p99']} ms; "
         f"hit p99 {row['first_audio_hit']['p99']} ms, miss p99 {row['first_audio_miss']['p99']}"
-        f" ms; hit ratio {row['hit_ratio']}; underruns {underruns}; errors {errors}; "
+        f" ms; hit ratio {row['hit_ratio']}; joins {row['joins']}; synthesized per played "
+        f"{row['synthesized_per_played']}; underruns {underruns}; errors {errors}; "
         f"meets {row['meets']}",
         flush=True,
     )
@@ -278,8 +296,9 @@ def render(body: dict[str, Any]) -> str:
         f"/ p99 <= {P99_MS:.0f} ms:",
         "",
         "| lang | cache | calls | first audio p50 / p95 / p99 (ms) | hit p50 / p99 | "
-        "miss p50 / p99 | hit ratio | underruns | errors | meets |",
-        "|---|---|---:|---|---|---|---:|---:|---:|---|",
+        "miss p50 / p99 | hit ratio | joins | synthesized / played | underruns | errors "
+        "| meets |",
+        "|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in body["levels"]:
         hit, miss = r["first_audio_hit"], r["first_audio_miss"]
@@ -288,8 +307,8 @@ def render(body: dict[str, Any]) -> str:
             f"| {r['lang']} | {r['cache']} | {calls} | {r['first_audio_p50_ms']} / "
             f"{r['first_audio_p95_ms']} / {r['first_audio_p99_ms']} | {hit['p50']} / "
             f"{hit['p99']} ({hit['count']}) | {miss['p50']} / {miss['p99']} ({miss['count']}) | "
-            f"{r['hit_ratio']} | {r['underruns']} | {r['errors']} | "
-            f"{'yes' if r['meets'] else 'no'} |"
+            f"{r['hit_ratio']} | {r.get('joins')} | {r.get('synthesized_per_played')} | "
+            f"{r['underruns']} | {r['errors']} | {'yes' if r['meets'] else 'no'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -299,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--langs", nargs="+", default=["en"], choices=sorted(FIXED))
     parser.add_argument("--calls", nargs="+", type=int, default=[20, 100, 200])
     parser.add_argument("--burst", type=int, default=30, help="callers at once; 0: none")
-    parser.add_argument("--modes", nargs="+", default=["off", "on"], choices=["off", "on"])
+    parser.add_argument("--modes", nargs="+", default=["off", "on"],
+                        choices=["off", "on", "cold"])  # fmt: skip
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--repeat", type=float, default=DEFAULT_REPEAT)
     parser.add_argument("--out", type=Path, default=None)
@@ -323,14 +343,14 @@ def main(argv: list[str] | None = None) -> int:
                     duration_s=args.duration, voices=(VOICES[lang],),
                     prompts="tests.bench.speech_cache:pick", utterance_timeout_s=60.0,
                 )  # fmt: skip
-                rows.append(run_one(lang, mode == "on", calls, opts, work))
+                rows.append(run_one(lang, mode, calls, opts, work))
             if args.burst:
                 opts = LoadOptions(
                     duration_s=max(args.duration, 15.0), voices=(VOICES[lang],), burst=True,
                     max_prompts=1, prompts="tests.bench.speech_cache:greeting",
                     utterance_timeout_s=60.0,
                 )  # fmt: skip
-                rows.append(run_one(lang, mode == "on", args.burst, opts, work, burst=True))
+                rows.append(run_one(lang, mode, args.burst, opts, work, burst=True))
     body = {
         "benchmark": "speech_cache",
         "repeat": args.repeat,
