@@ -371,6 +371,9 @@ class SegmentSplitter:
     #: and those that are the words before one, cut off to be kept (``prefixes``).
     personal: set[str] = field(default_factory=set, init=False)
     prefixes: set[str] = field(default_factory=set, init=False)
+    #: A prefix and the personal rest cut from one segment -> that segment whole (when
+    #: each is one segment): what is spoken when the prefix may not play ahead of it.
+    wholes: dict[tuple[str, str], str] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self._family = language_family(self.language)
@@ -477,10 +480,10 @@ class SegmentSplitter:
         ``max_segment_chars``, without pieces that have nothing to say."""
         text = normalize(segment)
         at = personal_start(text) if text else None
-        parts: list[tuple[str, bool]] = [(self._spoken(text), at is not None)]
+        whole = self._spoken(text)
+        parts: list[tuple[str, bool]] = [(whole, at is not None)]
         if at and self.cut_before_personal:
             head = self._spoken(text[:at])
-            whole = parts[0][0]
             after = whole[len(head) : len(head) + 1]
             if (
                 _has_speech(head)
@@ -490,11 +493,15 @@ class SegmentSplitter:
                 parts = [(head, False), (whole[len(head) :].strip(" ,"), True)]
                 self.prefixes.add(head)
         segments: list[str] = []
+        split: list[list[str]] = []
         for part, personal in parts:
             pieces = [p for p in _limit(part, self.max_segment_chars) if _has_speech(p)]
             if personal:
                 self.personal.update(pieces)
             segments += pieces
+            split.append(pieces)
+        if [len(pieces) for pieces in split] == [1, 1] and len(whole) <= self.max_segment_chars:
+            self.wholes[(split[0][0], split[1][0])] = whole
         return segments
 
     def _spoken(self, text: str) -> str:

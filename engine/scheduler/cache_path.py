@@ -32,6 +32,9 @@ from engine.speech_cache import CachedSegment, SegmentKey, SpeechCache
 
 Put = Callable[[Fetched], None]
 Touch = Callable[[int], None]  # a stream's slot needs the coordinator's attention
+#: How a stream's new utterance may start with this many seconds of cached audio (its
+#: later segments must then follow in time: Policy.cached_start).
+MayStart = Callable[[Stream, float], policy.CachedStart]
 
 
 class CachePath:
@@ -43,8 +46,10 @@ class CachePath:
         counters: StatsCounter,
         put: Put,
         touch: Touch,
+        may_start: MayStart,
     ) -> None:
         self._cache = cache
+        self._may_start = may_start
         self._flights = flights
         self._output = output
         self._counters = counters
@@ -74,6 +79,11 @@ class CachePath:
         head = stream.utterances[0]
         assert head.keys is not None
         key = head.keys.key(head.segments[0])
+        held = self._cache.peek_local(key)
+        if held is not None and not self._may_play(stream, head, held):
+            if head.segments[0] in head.private and head.keys.key(head.segments[0]) != key:
+                return self._look_up(stream)  # spoken whole: that is looked up
+            return False  # it waits, or goes to synthesis
         segment = self._cache.get_local(key)
         if segment is not None:
             self.play_cached(stream, head, segment)
@@ -115,8 +125,33 @@ class CachePath:
                 continue  # its next segment changed meanwhile: looked up again
             if fetched.segment is None:
                 head.checked = True
-            else:
+            elif self._may_play(stream, head, fetched.segment):
                 self.play_cached(stream, head, fetched.segment)
+            # else it waits (in memory now, looked up again when it may play), or it is
+            # spoken whole
+
+    def _may_play(self, stream: Stream, head: Utterance, segment: CachedSegment) -> bool:
+        """Whether the cached next segment of ``stream`` may play now. A new utterance
+        starts with it only when the rest can follow in time (Policy.cached_start):
+        otherwise it waits; when even a free lane could not follow it, the cached words
+        and the personal rest after them are joined back into the one segment they were
+        cut from (not to be kept: it carries the rest's data), to be looked up and
+        synthesized as any new segment, or, not cut from one, it is synthesized as if it
+        were not cached (``head.checked``)."""
+        start = self._may_start(stream, len(segment.pcm) / stream.bytes_per_second)
+        if start == "play":
+            return True
+        if start == "whole":
+            pair = (head.segments[0], head.segments[1]) if len(head.segments) > 1 else None
+            whole = head.wholes.get(pair) if pair is not None else None
+            if whole is None:
+                head.checked = True
+            else:
+                head.segments.popleft()
+                head.segments[0] = whole
+                head.private.add(whole)
+            self._touch(stream.slot)
+        return False
 
     def play_cached(self, stream: Stream, utterance: Utterance, segment: CachedSegment) -> None:
         """Play the next segment of ``utterance`` (the stream's head) from the cache: its

@@ -111,7 +111,8 @@ class Scheduler:
         self._flights = FlightTable(self._generations)
         self._cache_path = CachePath(
             self._cache, self._flights, self._output, self._counters, self._results.put,
-            self._touch,
+            self._touch, lambda stream, seconds: self._policy.cached_start(
+                stream.lane, stream, seconds, time.monotonic()),
         )  # fmt: skip
         self._warm_ups = WarmUps(
             self._cache, self._flights, self._counters, self._results.put, self._wakeup,

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from engine.backends.base import BatchSynthesizer
-from engine.capacity import COST_FACTOR, MARGIN_S, Pace, StreamWork, can_start
+from engine.capacity import COST_FACTOR, MARGIN_S, Pace, StreamWork, can_start, run_dry
 from engine.scheduler.state import CutSegment, Lane, Stream
 from engine.text import MIN_FIT_CHARS, split_to_fit
 
@@ -29,6 +30,11 @@ AUDIO_PER_CHAR_PRIOR = 0.07
 def smoothed(old: float, value: float) -> float:
     """A recent average: ``value`` weighted PACE_SMOOTHING against ``old`` (0: none yet)."""
     return value if old == 0.0 else old + PACE_SMOOTHING * (value - old)
+
+
+CACHED_WAIT_S = 0.5
+#: How a new utterance whose next segment is cached may start (Policy.cached_start).
+CachedStart = Literal["play", "wait", "whole"]
 
 
 def has_room(stream: Stream) -> bool:
@@ -88,15 +94,18 @@ def unplayed_s(stream: Stream) -> float:
     return (stream.ring.readable_bytes() + len(stream.pending)) / stream.bytes_per_second
 
 
-def segment_chars(stream: Stream) -> tuple[int, ...]:
-    """The lengths of the segments ``stream`` still needs synthesized: those the speech
-    cache held when their text came are left out (they cost the lane nothing)."""
-    return tuple(
-        len(segment)
-        for u in stream.utterances
-        for segment in u.segments
-        if segment not in u.cached_texts
-    )
+def segment_chars(stream: Stream, *, skip: int = 0) -> tuple[int, ...]:
+    """The lengths of the segments ``stream`` still needs synthesized (but its first
+    ``skip``): those the speech cache held when their text came are left out (they cost
+    the lane nothing)."""
+    chars: list[int] = []
+    index = 0
+    for u in stream.utterances:
+        for segment in u.segments:
+            if index >= skip and segment not in u.cached_texts:
+                chars.append(len(segment))
+            index += 1
+    return tuple(chars)
 
 
 def remaining_work(stream: Stream, now: float) -> StreamWork:
@@ -133,6 +142,9 @@ class Policy:
     reserve_floor_s: float = RESERVE_FLOOR_S
     cost_factor: float = COST_FACTOR
     margin_s: float = MARGIN_S
+    #: A new utterance held back with its cached start no longer waits for room after
+    #: this long: it is spoken whole, in its turn among the new utterances.
+    cached_wait_s: float = CACHED_WAIT_S
 
     def urgency(self, stream: Stream) -> tuple[int, float]:
         """Sort key of a ready stream, most urgent first: a playing stream's slack is its
@@ -194,28 +206,77 @@ class Policy:
     def can_start(self, lane: Lane, stream: Stream, forming: Sequence[Stream], now: float) -> bool:
         """Whether the new utterance of ``stream`` fits in ``lane`` now
         (engine/capacity.py); ``forming`` are the streams of the batch being formed."""
-        committed = [
+        committed = self._committed(lane, stream)
+        if lane.seconds_per_char == 0.0:  # no pace yet: one new utterance per worker
+            return sum(s.busy for s in committed) < lane.threads
+        return can_start(
+            StreamWork(segment_chars(stream)),
+            [remaining_work(s, now) for s in committed],
+            workers_free_in=self._workers(lane, forming, now),
+            pace=self._pace(lane),
+            cost_factor=self.cost_factor,
+            margin_s=self.margin_s,
+            min_piece_chars=MIN_FIT_CHARS,
+        )
+
+    def cached_start(self, lane: Lane, stream: Stream, leading_s: float, now: float) -> CachedStart:
+        """May the new utterance of ``stream`` start with its next segment from the speech
+        cache (``leading_s`` seconds of audio: a hit, or the words before a personal
+        item)? Once a caller hears an utterance's first frame, the rest must come without
+        a gap, so it starts ("play") only when what it must still synthesize can follow
+        that audio in time without making a call in progress run dry (engine/capacity.py,
+        the newcomer heard from its cached start on); otherwise it "wait"s (within the
+        start deadline) while the lane could do it were it free, for ``cached_wait_s``
+        at most; when even a free lane could not follow that start in time, or it has
+        waited that long, it is spoken "whole" (the cached words and the rest as one
+        segment, synthesized as a new utterance in its turn). Cached whole, already
+        playing, or in a lane that is not gated: "play"."""
+        if not lane.gated or not is_new(stream):
+            return "play"
+        rest = segment_chars(stream, skip=1)
+        if not rest:
+            return "play"
+        committed = self._committed(lane, stream)
+        if lane.seconds_per_char == 0.0:  # no pace yet: while a worker is free
+            return "play" if sum(s.busy for s in committed) < lane.threads else "wait"
+        new = StreamWork(rest, unplayed_s=leading_s, heard=True)
+        pace = self._pace(lane)
+        fit = (self.cost_factor, self.margin_s, MIN_FIT_CHARS)
+        if run_dry([new], [0.0] * lane.threads, pace, *fit):
+            return "whole"  # even a free lane could not follow it in time
+        streams = [remaining_work(s, now) for s in committed]
+        workers = self._workers(lane, (), now)
+        before = run_dry(streams, workers, pace, *fit)
+        after = run_dry([*streams, new], workers, pace, *fit)
+        if len(streams) not in after and after <= before:
+            return "play"
+        since = stream.utterances[0].startable_since
+        return "whole" if since is not None and now - since >= self.cached_wait_s else "wait"
+
+    @staticmethod
+    def _committed(lane: Lane, stream: Stream) -> list[Stream]:
+        """The lane's streams other than ``stream`` that hold it to its work: in flight,
+        or playing with segments left."""
+        return [
             s
             for s in lane.streams.values()
             if s is not stream
             and (s.busy or (s.utterances and s.utterances[0].segments and not is_new(s)))
         ]
-        if lane.seconds_per_char == 0.0:  # no pace yet: one new utterance per worker
-            return sum(s.busy for s in committed) < lane.threads
+
+    @staticmethod
+    def _workers(lane: Lane, forming: Sequence[Stream], now: float) -> list[float]:
+        """Seconds until each of the lane's workers is free (``forming``: a batch being
+        formed takes one)."""
         ends = list(lane.running.values())
         if forming:
             ends.append(max(s.busy_until for s in forming))
         workers = [max(0.0, end - now) for end in ends]
-        workers += [0.0] * (lane.threads - len(workers))
-        return can_start(
-            StreamWork(segment_chars(stream)),
-            [remaining_work(s, now) for s in committed],
-            workers_free_in=workers,
-            pace=Pace(lane.seconds_per_char, lane.audio_per_char or AUDIO_PER_CHAR_PRIOR),
-            cost_factor=self.cost_factor,
-            margin_s=self.margin_s,
-            min_piece_chars=MIN_FIT_CHARS,
-        )
+        return workers + [0.0] * (lane.threads - len(workers))
+
+    @staticmethod
+    def _pace(lane: Lane) -> Pace:
+        return Pace(lane.seconds_per_char, lane.audio_per_char or AUDIO_PER_CHAR_PRIOR)
 
     def fit_next_segment(self, lane: Lane, stream: Stream) -> None:
         """Cut the next segment of a playing stream when, at the lane's pace, it would not

@@ -69,6 +69,8 @@ class Utterance:
     # Its segments that are the words before a personal item (kept apart to be reused:
     # a hit on one is a cached prefix, counted as such).
     prefixes: set[str] = field(default_factory=set)
+    # A prefix and the rest cut from one segment -> that segment whole (SegmentSplitter).
+    wholes: dict[tuple[str, str], str] = field(default_factory=dict)
     cut: CutSegment | None = None  # its segment in pieces, while they play
     startable_since: float | None = None  # first seen able to start (the start deadline)
     dispatched: bool = False  # a segment of it went to synthesis: the deadline is over

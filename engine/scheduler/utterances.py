@@ -77,6 +77,7 @@ class Utterances:
         splitter = utterance.splitter
         utterance.private.update(text for text in segments if text in splitter.personal)
         utterance.prefixes.update(text for text in segments if text in splitter.prefixes)
+        utterance.wholes.update(splitter.wholes)
         if utterance.keys is not None and self._cache.enabled:
             keys = utterance.keys
             utterance.cached_texts.update(
@@ -100,7 +101,9 @@ class Utterances:
         own stream's earlier prompt). The streams that lost one."""
         failed: list[Stream] = []
         for stream in streams:
-            if not (policy.ready(stream) and policy.is_new(stream)):
+            # ready for synthesis, or held back with its next segment cached (its rest
+            # could not follow in time yet: Policy.cached_start)
+            if not (policy.has_room(stream) and policy.is_new(stream)):
                 continue
             head = stream.utterances[0]
             if head.dispatched:  # begun, though nothing of it is heard yet

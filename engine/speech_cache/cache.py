@@ -90,6 +90,13 @@ class SpeechCache:
             self._memory_counts.hit(key.backend)
         return segment
 
+    def peek_local(self, key: SegmentKey) -> CachedSegment | None:
+        """The in-process level's segment of ``key``, not counted as a lookup and not a
+        use for the LRU (a stream that may not play it yet). Never blocks on I/O."""
+        if self._memory is None or not self._memory.contains(key.digest()):
+            return None
+        return self._memory.get_quietly(key.digest())
+
     def contains_local(self, key: SegmentKey) -> bool:
         """Whether the in-process level holds ``key``: not counted as a lookup and not a
         use for the LRU (for warm-up checks, which are not calls). Never blocks on I/O."""

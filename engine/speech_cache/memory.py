@@ -70,6 +70,14 @@ class MemoryLevel:
             self._scopes[entry.scope].order.move_to_end(digest)
             return entry.segment
 
+    def get_quietly(self, digest: str) -> CachedSegment | None:
+        """The segment of ``digest``, not a use for the LRU (None: absent or expired)."""
+        with self._lock:
+            entry = self._entries.get(digest)
+            if entry is None or self._clock() - entry.stored_at > self.ttl_s:
+                return None
+            return entry.segment
+
     def contains(self, digest: str) -> bool:
         """Whether the level holds ``digest`` (does not count as a use)."""
         with self._lock:

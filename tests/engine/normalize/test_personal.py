@@ -68,6 +68,9 @@ def test_the_stream_splitter_cuts_before_the_item_and_marks_it() -> None:
         "Goodbye.",
     ]
     assert splitter.personal == {out[2]}
+    # The two halves of one cut know the segment they were: spoken whole when the words
+    # before may not play ahead of the amount (engine/scheduler/cache_path.py).
+    assert splitter.wholes == {(out[1], out[2]): f"{out[1]} {out[2]}"}
 
 
 def test_a_chinese_segment_is_cut_between_characters() -> None:
@@ -75,6 +78,7 @@ def test_a_chinese_segment_is_cut_between_characters() -> None:
     out = splitter.feed("您的验证码是682163。") + splitter.flush()
     assert out == ["您的验证码是", "六八二, 一六三."]
     assert splitter.personal == {out[1]}
+    assert splitter.wholes == {(out[0], out[1]): "您的验证码是六八二, 一六三."}
 
 
 @pytest.mark.parametrize(

@@ -211,3 +211,38 @@ def test_segments_the_speech_cache_holds_are_no_work_for_the_capacity_fit() -> N
     playing.utterances[0].cached_texts.add("x" * 20)
     assert segment_chars(playing) == ()
     assert rules.can_start(lane, new, [], now=0.0)
+
+
+def test_a_cached_start_waits_until_the_rest_can_follow_in_time() -> None:
+    """A new utterance whose first segment is cached (a hit, or the words before an
+    amount) and whose rest must be synthesized starts only when that rest can follow the
+    cached audio in time: once its first frame is heard, no gap. It waits while the lane
+    is busy, and is spoken whole when even a free lane could not follow. Cached whole,
+    already playing, or in a lane that is not gated, it plays at once."""
+    lane = make_lane(gated=True, threads=1, max_batch=1)
+    lane.seconds_per_char = 0.02
+    lane.audio_per_char = 0.07
+    prefix, amount = "Your current balance is", "one thousand two hundred dollars."
+    new = make_stream(lane, 1, [prefix, amount], arrived_at=1.0)
+    new.utterances[0].cached_texts.add(prefix)
+    rules = Policy()
+    assert rules.cached_start(lane, new, 1.3, now=0.0) == "play"  # an idle worker
+    # The worker is busy for 3 s more: the amount could not follow 1.3 s of cached audio.
+    lane.running[1] = 3.0
+    assert rules.cached_start(lane, new, 1.3, now=0.0) == "wait"
+    new.utterances[0].startable_since = 0.0  # waiting since then, for room
+    assert rules.cached_start(lane, new, 1.3, now=0.4) == "wait"
+    assert rules.cached_start(lane, new, 1.3, now=0.5) == "whole"  # no longer
+    new.utterances[0].startable_since = None
+    assert rules.cached_start(lane, new, 6.0, now=0.0) == "play"  # a long cached start
+    assert rules.cached_start(lane, new, 1.3, now=2.8) == "play"  # the worker nearly free
+    # 0.1 s of cached words: not even a free worker has the amount's first piece by then.
+    assert rules.cached_start(lane, new, 0.1, now=0.0) == "whole"
+    whole = make_stream(lane, 2, [prefix], arrived_at=1.0)
+    whole.utterances[0].cached_texts.add(prefix)
+    assert rules.cached_start(lane, whole, 1.3, now=0.0) == "play"  # nothing to synthesize
+    playing = make_stream(lane, 3, [prefix, amount], playing_s=1.0)
+    assert rules.cached_start(lane, playing, 1.3, now=0.0) == "play"  # heard: not new
+    free = make_lane(gated=False, threads=1, max_batch=1)
+    inline = make_stream(free, 4, [prefix, amount])
+    assert rules.cached_start(free, inline, 1.3, now=0.0) == "play"

@@ -578,6 +578,45 @@ def test_an_amount_in_a_cut_segment_is_not_stored_whole(make_rig):
     assert all("thousand" not in t for t in stored)
 
 
+PREFIX, FIVE, AMOUNT = "Your balance is", "$5.", "$1,234,567.89."  # the tones: no spoken form
+
+
+@pytest.mark.parametrize(
+    ("seconds_per_char", "spoken"),
+    [
+        # Fast: the amount is ready long before the cached words end.
+        (0.002, [AMOUNT]),
+        # Slow: even a free worker could not follow 0.9 s of cached words with the
+        # amount in time; the sentence is synthesized whole, as one segment.
+        (0.06, [f"{PREFIX} {AMOUNT}"]),
+    ],
+)
+def test_cached_words_start_an_utterance_only_when_the_amount_can_follow(
+    make_rig, seconds_per_char, spoken
+):
+    """The words before an amount are cached; a caller's new amount after them plays
+    from the cache only when its synthesis can follow without a hole, else the sentence
+    is spoken whole (a miss, synthesized once, not stored)."""
+    from tests.engine.test_scheduler import PacedBatchBackend
+
+    backend = PacedBatchBackend(seconds_per_char=seconds_per_char)
+    rig = make_rig(backend)
+    rig.open(1)
+    rig.say(1, f"{PREFIX} {FIVE}")  # keeps the words before; the lane learns its pace
+    assert backend.texts == [PREFIX, FIVE]
+    rig.open(2)
+    pcm, audio = rig.say(2, f"{PREFIX} {AMOUNT}")
+    assert backend.texts[2:] == spoken
+    assert audio.cache == ("hit" if spoken == [AMOUNT] else "miss")
+    heard = [PREFIX, AMOUNT] if spoken == [AMOUNT] else spoken
+    assert len(pcm) == sum(map(len, heard)) * 960  # 60 ms a character, 8 kHz 16-bit
+    routed = rig.backends.resolve_voice(VoiceSettings("en-us"))
+    keys = key_maker(routed, routed.handle, None, RATE, scope=tenant_scope(""))
+    assert keys is not None
+    assert rig.cache.contains_local(keys.key(PREFIX))
+    assert not any(rig.cache.contains_local(keys.key(text)) for text in spoken)
+
+
 def test_zero_retention_keeps_nothing_of_a_stream_or_an_utterance(make_rig):
     """``cache: false`` on start (the stream) or on speak (one utterance): nothing of
     that speech is stored; it may still hit what was cached before."""
