@@ -266,6 +266,7 @@ def run_one(
         "first_audio_p99_ms": fa["p99"],
         "underruns": underruns,
         "errors": errors,
+        "error_codes": dict(level["client"]["errors"]),
         "warm_up": warm,
         **_cache_figures(before, after),
     }
@@ -281,7 +282,8 @@ def run_one(
         f"  => {name}: first audio p50 {fa['p50']} p95 {fa['p95']} p99 {fa['p99']} ms; "
         f"hit p99 {row['first_audio_hit']['p99']} ms, miss p99 {row['first_audio_miss']['p99']}"
         f" ms; hit ratio {row['hit_ratio']}; joins {row['joins']}; synthesized per played "
-        f"{row['synthesized_per_played']}; underruns {underruns}; errors {errors}; "
+        f"{row['synthesized_per_played']}; underruns {underruns}; errors {errors} "
+        f"{row['error_codes'] or ''}; "
         f"meets {row['meets']}",
         flush=True,
     )

