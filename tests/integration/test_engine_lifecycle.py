@@ -36,6 +36,7 @@ async def speak_ok(gw: GatewayProcess, text: str = "Hello again.") -> None:
         await client.aclose()
 
 
+@pytest.mark.realtime  # a new engine ready within 5 s: runs alone
 async def test_engine_crash_errors_streams_and_recovers(fresh_gateway: GatewayProcess) -> None:
     gw = fresh_gateway
     old_pid = gw.engine_pid()
