@@ -66,6 +66,7 @@ async def test_engine_crash_errors_streams_and_recovers(fresh_gateway: GatewayPr
     assert "gateway_engine_restarts_total 1.0" in metrics
 
 
+@pytest.mark.realtime  # a full engine back within 15 s: runs alone
 async def test_gateway_attaches_to_a_standalone_engine_and_reattaches(tmp_path: Path) -> None:
     sock = str(tmp_path / "engine.sock")
     env = {**os.environ, "ENGINE_SOCKET": sock}

@@ -601,6 +601,7 @@ async def test_an_untrusted_source_gets_403_and_nothing_is_kept(tmp_path: Path) 
         gw.stop()
 
 
+@pytest.mark.realtime  # re-INVITE done within 4 s of launching sipp: runs alone
 async def test_a_reinvite_that_moves_the_media_latches_again_on_the_new_source(
     gateway: GatewayProcess, connect: Connect, tmp_path: Path
 ) -> None:
