@@ -97,6 +97,7 @@ def test_switching_voices_back_and_forth(espeak_backend):
     assert abs(len(again) - len(first)) <= 0.05 * len(first)
 
 
+@pytest.mark.realtime  # first chunk within a quarter of the wall time: runs alone
 def test_streaming_first_chunk_long_before_the_end(espeak_backend):
     recorder = Recorder()
     voice = espeak_backend.resolve_voice(VoiceSettings("en-us"))

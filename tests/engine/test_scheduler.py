@@ -424,6 +424,7 @@ def test_empty_utterance_between_others(harness):
     assert harness.records(0) == [(1, first.end_pos), (3, last.end_pos)]
 
 
+@pytest.mark.realtime  # ends within 0.2 s: runs alone (Makefile)
 def test_empty_utterance_behind_another_ends_promptly(harness):
     harness.open(0)
     harness.scheduler.speak(0, 1, "Hello.", True)
@@ -549,6 +550,7 @@ def test_pending_boundary_blocks_later_audio(harness):
     assert drain(ring) == b"".join(expected_pcm([t]) for t in ["One.", "Two.", "Three."])
 
 
+@pytest.mark.realtime  # starts within 0.2 s: runs alone (Makefile)
 def test_next_utterance_starts_promptly_once_boundaries_ring_is_drained(harness):
     harness.open(0, boundary_capacity=RECORD.size)
     for seq, text in enumerate(["One.", "Two.", "Three."], start=1):
@@ -564,6 +566,7 @@ def test_next_utterance_starts_promptly_once_boundaries_ring_is_drained(harness)
 # --------------------------------------------------------------------------- fairness
 
 
+@pytest.mark.realtime  # first audio within 0.5 s: runs alone (Makefile)
 def test_short_prompt_is_not_starved_by_long_text(slow_harness):
     harness = slow_harness
     harness.open(0, capacity=1 << 21)
@@ -604,6 +607,7 @@ def test_a_cancelled_utterance_ends_after_its_segment_and_the_next_follows(slow_
     ]  # and the later text made no new utterance
 
 
+@pytest.mark.realtime  # starts and ends within 0.2 s of each other: runs alone
 def test_streams_take_turns_per_segment(slow_harness):
     harness = slow_harness
     harness.open(0, capacity=1 << 21)

@@ -246,6 +246,7 @@ async def test_cache_off_and_uncached_voices_are_codes(start_engine):
     assert (await uncached.client.check_prompt(prompt())).code == "not_cacheable"
 
 
+@pytest.mark.realtime  # refused within 0.3 s: runs alone (Makefile)
 async def test_warm_prompts_in_progress_are_bounded(start_engine, monkeypatch):
     """WarmPrompt requests beyond the service's bound are answered ``overloaded`` at once
     (not queued as tasks without end)."""
@@ -274,6 +275,7 @@ class SlowForgetStore(DirectoryStore):
         return super().forget_voice(scope, voice)
 
 
+@pytest.mark.realtime  # a check answered within 2 s: runs alone (Makefile)
 async def test_slow_forgets_do_not_hold_up_prompt_checks(start_engine, tmp_path):
     store = SlowForgetStore(tmp_path / "slow")
     shared = SharedLevel(store, SEALER, timeout_s=0.05)

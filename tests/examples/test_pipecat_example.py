@@ -244,6 +244,7 @@ async def test_a_reply_is_spoken_at_the_reported_length_and_level(
     assert context_ids == {started[0].context_id} == {stopped[0].context_id}
 
 
+@pytest.mark.realtime  # clear timing: runs alone
 async def test_an_interruption_mid_utterance_sends_clear_and_stops_the_audio(
     gateway: GatewayProcess,
 ) -> None:

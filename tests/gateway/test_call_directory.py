@@ -97,6 +97,7 @@ async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 3.
             await asyncio.sleep(0.01)
 
 
+@pytest.mark.realtime  # 0.5 s leases renewed in time: runs alone (Makefile)
 async def test_redis_directory_across_instances(client: aioredis.Redis) -> None:
     prefix = f"cd-{secrets.token_hex(4)}"
     a = directory(client, prefix, "http://10.0.0.1:9001")
@@ -127,6 +128,7 @@ async def test_redis_directory_across_instances(client: aioredis.Redis) -> None:
         await b.stop()
 
 
+@pytest.mark.realtime  # each write lands within 0.1 s: runs alone
 async def test_a_late_withdrawal_does_not_remove_the_calls_new_owner(
     client: aioredis.Redis,
 ) -> None:
@@ -151,6 +153,7 @@ async def test_a_late_withdrawal_does_not_remove_the_calls_new_owner(
             await d.stop()
 
 
+@pytest.mark.realtime  # published within 0.1 s: runs alone (Makefile)
 async def test_an_instance_that_dies_leaves_nothing_after_its_lease(
     client: aioredis.Redis,
 ) -> None:
@@ -167,6 +170,7 @@ async def test_an_instance_that_dies_leaves_nothing_after_its_lease(
     assert not await client.exists(dying.key(call_digest("acme", "CA1")))
 
 
+@pytest.mark.realtime  # 50 published within 0.2 s: runs alone (Makefile)
 async def test_stop_withdraws_every_call(client: aioredis.Redis) -> None:
     prefix = f"cd-{secrets.token_hex(4)}"
     d = directory(client, prefix, "http://a:1", lease_s=30)
@@ -179,6 +183,7 @@ async def test_stop_withdraws_every_call(client: aioredis.Redis) -> None:
     assert await client.keys(f"{prefix}:call:*") == []
 
 
+@pytest.mark.realtime  # an error counted within 0.3 s: runs alone
 async def test_unreachable_redis_is_no_owner_not_an_exception() -> None:
     redis = aioredis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
     d = RedisCallDirectory(redis, "x", "http://a:1", lease_s=1, renew_s=0.2, timeout_s=0.5)

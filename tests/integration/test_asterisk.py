@@ -167,6 +167,7 @@ async def test_prompts_end_in_full_with_another_ptime(
 # --------------------------------------------------------------------------- barge-in
 
 
+@pytest.mark.realtime  # barge-in timing: runs alone (Makefile)
 async def test_caller_speech_flushes_within_300_ms(
     asterisk: AsteriskConnect,
     gateway: GatewayProcess,
@@ -194,6 +195,7 @@ async def test_caller_speech_flushes_within_300_ms(
     assert app.got.of_type("utterance_done") == []
 
 
+@pytest.mark.realtime  # media within the last 0.2 s: runs alone (Makefile)
 async def test_noise_does_not_flush(asterisk: AsteriskConnect, gateway: GatewayProcess) -> None:
     peer = await start_leg(asterisk, gateway, say=MENU[:120])
     await peer.wait_until(lambda: bool(peer.media), timeout=5)

@@ -289,6 +289,7 @@ async def test_digits_reach_the_application(
 # --------------------------------------------------------------------------- barge-in
 
 
+@pytest.mark.realtime  # barge-in timing: runs alone (Makefile)
 async def test_caller_speech_barges_in_and_the_prompt_stops(
     gateway: GatewayProcess, connect: Connect, peers: list[SimulatedAsterisk]
 ) -> None:
@@ -347,6 +348,7 @@ async def test_asterisk_hangs_up_and_the_call_ends(
 # --------------------------------------------------------------------------- refusals
 
 
+@pytest.mark.realtime  # closed within 0.5 s: runs alone
 async def test_trust_is_by_network_and_a_shutdown_hangs_up_with_a_terminate(
     tmp_path: Path,
 ) -> None:

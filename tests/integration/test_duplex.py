@@ -34,6 +34,7 @@ async def stream_caller_audio(
     return start
 
 
+@pytest.mark.realtime  # barge-in timing: runs alone (Makefile)
 async def test_caller_speech_interrupts_playback_within_300_ms(
     connect: Connect, speech: np.ndarray
 ) -> None:

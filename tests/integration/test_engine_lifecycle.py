@@ -42,6 +42,7 @@ async def speak_ok(gw: GatewayProcess, text: str = "Hello again.", voice: str = 
         await client.aclose()
 
 
+@pytest.mark.realtime  # a new engine ready within 5 s: runs alone
 async def test_engine_crash_errors_streams_and_recovers(fresh_gateway: GatewayProcess) -> None:
     gw = fresh_gateway
     old_pid = gw.engine_pid()
@@ -117,6 +118,7 @@ async def test_an_engine_crash_during_a_shared_synthesis_reaches_every_listener(
         gw.stop()
 
 
+@pytest.mark.realtime  # a full engine back within 15 s: runs alone
 async def test_gateway_attaches_to_a_standalone_engine_and_reattaches(tmp_path: Path) -> None:
     sock = str(tmp_path / "engine.sock")
     env = {**os.environ, "ENGINE_SOCKET": sock}

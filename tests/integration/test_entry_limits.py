@@ -107,6 +107,7 @@ async def test_native_sessions_beyond_the_claim_get_tenant_limit(
     assert await extra.wait_closed() == TRY_AGAIN_LATER
 
 
+@pytest.mark.realtime  # room again within 0.5 s: runs alone (Makefile)
 async def test_speech_requests_beyond_the_claim_get_429(gateway: GatewayProcess) -> None:
     """Two requests stream (their bodies unread: each holds its session); the third is a
     429 in OpenAI's shape. Before the fix all three (and six) got 200."""

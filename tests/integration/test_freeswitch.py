@@ -74,6 +74,7 @@ async def test_a_prompt_streams_as_paced_stream_audio_chunks(
     assert mark["name"] == "after" and event_time(app, mark) >= peer.messages[-1][0] - 0.05
 
 
+@pytest.mark.realtime  # barge-in timing: runs alone (Makefile)
 async def test_caller_speech_barges_in_and_the_prompt_stops(
     freeswitch: FreeSwitchConnect, connect: Connect, gateway: GatewayProcess
 ) -> None:

@@ -139,6 +139,11 @@ async def test_deep_nesting_is_invalid_json_and_a_crashed_client_releases_everyt
     fresh = [await connect(gateway, clients, token) for _ in range(SLOTS)]
     for client in fresh:
         assert (await client.start())["type"] == "ready"
+    # Leave them free for the module's next test (a close is released asynchronously:
+    # a session started at once could still find every slot taken).
+    for client in fresh:
+        await client.aclose()
+    await eventually(released)
 
 
 # --------------------------------------------------------------------------- item 2
@@ -166,6 +171,7 @@ async def ping_until_closed(ws: aiohttp.ClientWebSocketResponse, limit_s: float)
 
 
 @pytest.mark.parametrize("path", ["/v1/stream", "/v1/twilio", "/v1/asterisk"])
+@pytest.mark.realtime  # closed within 1 s of the timeout: runs alone
 async def test_pings_do_not_extend_the_start_timeout(gateway: GatewayProcess, path: str) -> None:
     url = gateway.base.replace("http://", "ws://") + path
     # Twilio: no token at all (it would come with start); the others authenticate.
@@ -182,6 +188,7 @@ async def test_pings_do_not_extend_the_start_timeout(gateway: GatewayProcess, pa
 # --------------------------------------------------------------------------- item 5
 
 
+@pytest.mark.realtime  # closed within 1.5 s of the timeout: runs alone
 async def test_slow_and_silent_http_clients_are_closed(gateway: GatewayProcess) -> None:
     async def slowloris(silent: bool) -> float:
         reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
@@ -216,6 +223,7 @@ async def test_slow_and_silent_http_clients_are_closed(gateway: GatewayProcess) 
         await client.aclose()
 
 
+@pytest.mark.realtime  # answered within 0.3 s: runs alone (Makefile)
 async def test_connections_beyond_the_cap_get_503(tmp_path: Path) -> None:
     gw = GatewayProcess(tmp_path / "gateway.log", ENGINE_VAD="0", GATEWAY_MAX_CONNECTIONS="8")
     gw.start()
@@ -338,6 +346,7 @@ async def test_absurd_expiry_is_token_invalid_not_500(gateway: GatewayProcess) -
 # --------------------------------------------------------------------------- item 10
 
 
+@pytest.mark.realtime  # ended within 1 s of exp + leeway: runs alone
 async def test_a_session_ends_when_its_token_expires(
     gateway: GatewayProcess, clients: list[NativeClient]
 ) -> None:
@@ -353,6 +362,7 @@ async def test_a_session_ends_when_its_token_expires(
     assert 1.0 + LEEWAY_S - 0.2 <= time.monotonic() - started <= 2 + LEEWAY_S + 1.0
 
 
+@pytest.mark.realtime  # media within 0.3 s: runs alone (Makefile)
 async def test_a_telephony_call_outlives_its_token(gateway: GatewayProcess) -> None:
     peer = await TwilioPeer.connect(leg_url(gateway, "twilio"))
     try:
@@ -510,6 +520,7 @@ async def test_peers_that_never_read_are_cut_off_and_release_everything(
             sock.close()
 
 
+@pytest.mark.realtime  # slots free within 0.5 s: runs alone
 async def test_a_session_that_ends_while_the_engine_opens_its_stream_leaks_no_slot(
     gateway: GatewayProcess, clients: list[NativeClient]
 ) -> None:

@@ -107,6 +107,7 @@ async def test_dtmf_reaches_the_application(
     assert (await app.wait_event("dtmf", timeout=5))["digit"] == "7"
 
 
+@pytest.mark.realtime  # barge-in timing: runs alone (Makefile)
 async def test_caller_speech_kills_the_prompt_within_300_ms(
     jambonz: JambonzConnect, connect: Connect, gateway: GatewayProcess
 ) -> None:

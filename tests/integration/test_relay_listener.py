@@ -105,6 +105,7 @@ def _answer(sock: socket.socket) -> bytes:
     return b""
 
 
+@pytest.mark.realtime  # answered within 0.5 s: runs alone
 async def test_the_relay_port_counts_against_the_one_connection_cap(
     gateway: GatewayProcess,
 ) -> None:
@@ -139,6 +140,7 @@ async def test_the_relay_port_counts_against_the_one_connection_cap(
     assert refused == refused_before + len(refusals) + 1
 
 
+@pytest.mark.realtime  # closed within 1.5 s of the timeout: runs alone
 async def test_silent_and_never_reading_peers_of_the_relay_port_are_cut_off(
     gateway: GatewayProcess,
 ) -> None:

@@ -75,6 +75,7 @@ async def test_sessions_still_open_after_the_drain_timeout_are_told_to_reconnect
         gw.stop()
 
 
+@pytest.mark.realtime  # told within 2 s: runs alone (Makefile)
 async def test_a_connection_that_never_started_is_told_at_once(tmp_path: Path) -> None:
     gw = GatewayProcess(tmp_path / "gw.log", GATEWAY_DRAIN_TIMEOUT_S="30", ENGINE_VAD="0")
     gw.start()

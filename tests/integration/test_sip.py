@@ -261,6 +261,7 @@ async def test_a_webhook_route_is_told_the_call_and_its_digits_and_hangs_up(
 # --------------------------------------------------------------------------- the application
 
 
+@pytest.mark.realtime  # barge-in timing: runs alone (Makefile)
 async def test_an_application_gets_digits_barge_in_and_hangs_up(
     gateway: GatewayProcess,
     connect: Connect,
@@ -352,6 +353,7 @@ async def test_baresip_calls_in_and_hears_the_whole_prompt(
 # --------------------------------------------------------------------------- dialogs
 
 
+@pytest.mark.realtime  # stopped within 0.5 s: runs alone (Makefile)
 async def test_a_caller_bye_mid_prompt_ends_the_call_and_its_audio(
     gateway: GatewayProcess, tmp_path: Path
 ) -> None:
@@ -599,6 +601,7 @@ async def test_an_untrusted_source_gets_403_and_nothing_is_kept(tmp_path: Path) 
         gw.stop()
 
 
+@pytest.mark.realtime  # re-INVITE done within 4 s of launching sipp: runs alone
 async def test_a_reinvite_that_moves_the_media_latches_again_on_the_new_source(
     gateway: GatewayProcess, connect: Connect, tmp_path: Path
 ) -> None:

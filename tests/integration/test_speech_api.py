@@ -101,6 +101,7 @@ async def test_opus_is_ogg_that_opusdec_decodes(
     assert caller_audio.level_dbfs(pcm) > -35
 
 
+@pytest.mark.realtime  # first bytes within 1 s: runs alone (Makefile)
 async def test_the_body_streams_as_it_is_synthesized(gateway: GatewayProcess) -> None:
     text = " ".join([TEXT] * 25)  # about 2,000 characters, several utterances
     arrivals: list[tuple[float, int]] = []

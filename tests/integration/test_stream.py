@@ -151,6 +151,7 @@ async def test_realtime_pacing_never_runs_ahead_by_more_than_the_lead(connect: C
     assert np.percentile(gaps, 99) <= 0.030
 
 
+@pytest.mark.realtime  # frame timing: runs alone (Makefile)
 async def test_burst_pacing_runs_ahead_but_bounded(connect: Connect) -> None:
     text = " ".join([PROMPT] * 4)
     client, _, _done, _ = await speak_and_collect(connect, "pcm_16000", text, pacing="burst")
@@ -173,6 +174,7 @@ async def test_streamed_text_with_flush_false_is_one_utterance(connect: Connect)
     assert [e["utterance_id"] for e in client.got.of_type("utterance_started")] == ["bal"]
 
 
+@pytest.mark.realtime  # clear timing: runs alone (Makefile)
 async def test_clear_stops_audio_within_a_frame_and_new_speech_plays(connect: Connect) -> None:
     client = await connect()
     await client.start("en-us", "mulaw_8000")
@@ -256,6 +258,7 @@ async def test_cantonese_voice_and_speed(connect: Connect) -> None:
     assert done["audio_ms"] > 500
 
 
+@pytest.mark.realtime  # first audio within 0.5 s: runs alone (Makefile)
 async def test_first_audio_latency_is_reported(connect: Connect) -> None:
     client = await connect()
     await client.start("en-us", "mulaw_8000")

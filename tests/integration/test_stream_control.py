@@ -53,6 +53,7 @@ async def test_cancelling_a_queued_utterance_leaves_the_others(session: NativeCl
     assert started == ["a", "c"]
 
 
+@pytest.mark.realtime  # cancel timing: runs alone (Makefile)
 async def test_cancelling_the_playing_utterance_stops_it_and_the_next_follows(
     session: NativeClient,
 ) -> None:
@@ -123,6 +124,7 @@ async def test_an_idle_session_is_closed_and_keepalive_or_playing_audio_keep_it(
     assert speaking.got.of_type("error")[0]["code"] == "idle_timeout"
 
 
+@pytest.mark.realtime  # released within 1.5 s: runs alone
 async def test_streamed_text_waits_for_a_clause_at_most_max_buffer_delay_ms(
     connect: Connect,
 ) -> None:

@@ -61,6 +61,7 @@ async def open_session(
         return client, client.got.of_type("error")[0]
 
 
+@pytest.mark.realtime  # a slot free within 0.2 s: runs alone (Makefile)
 async def test_limit_holds_across_two_instances(cluster: list[GatewayProcess]) -> None:
     a, b = cluster
     clients = []
@@ -89,6 +90,7 @@ async def test_limit_holds_across_two_instances(cluster: list[GatewayProcess]) -
             await c.aclose()
 
 
+@pytest.mark.realtime  # free within a lease + 0.5 s: runs alone
 async def test_sigkilled_gateway_frees_its_slots_within_a_lease(
     cluster: list[GatewayProcess],
 ) -> None:

@@ -99,6 +99,7 @@ async def test_say_speaks_at_once_in_real_time(
 # --------------------------------------------------------------------------- barge-in
 
 
+@pytest.mark.realtime  # barge-in timing: runs alone (Makefile)
 async def test_caller_speech_clears_twilio_within_300_ms(
     twilio: TwilioConnect, gateway: GatewayProcess, speech: npt.NDArray[np.int16]
 ) -> None:
@@ -117,6 +118,7 @@ async def test_caller_speech_clears_twilio_within_300_ms(
     assert len(peer.clears) == 1
 
 
+@pytest.mark.realtime  # media within the last 0.2 s: runs alone (Makefile)
 async def test_noise_and_dtmf_tones_do_not_clear(
     twilio: TwilioConnect, gateway: GatewayProcess
 ) -> None:
@@ -229,6 +231,7 @@ async def test_app_mark_waits_for_twilio_to_play_it(
     assert event_time(app, mark) >= peer.echoed[0][0]
 
 
+@pytest.mark.realtime  # barge-in timing: runs alone (Makefile)
 async def test_dtmf_barge_in_and_stop_reach_the_app(
     twilio: TwilioConnect,
     gateway: GatewayProcess,

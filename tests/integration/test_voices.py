@@ -202,6 +202,7 @@ async def test_deleting_the_last_voice_of_a_reference_erases_its_audio(
     assert any(k.startswith(ref + "}:features:") for k in erased)
 
 
+@pytest.mark.realtime  # refused within 2 s: runs alone (Makefile)
 async def test_a_voice_deleted_on_one_gateway_stops_on_the_other_at_once(
     pair: list[GatewayProcess], high_ref: bytes
 ) -> None:

@@ -88,6 +88,7 @@ async def test_word_timestamps_match_espeak_s_word_events_and_arrive_with_their_
     assert done["played_text"] == " ".join(text for text, _s, _e in reference)
 
 
+@pytest.mark.realtime  # what 1.5 s of playback holds: runs alone
 async def test_a_clear_reports_what_the_caller_heard(connect: Connect) -> None:
     client = await connect()
     await client.start(fmt="mulaw_8000")  # played_text needs no timestamps option

@@ -483,6 +483,7 @@ def test_events_before_a_bad_message_travel_on_the_exception() -> None:
     assert error.events == (CallStarted(README_UUID), DtmfReceived("5"))
 
 
+@pytest.mark.realtime  # a speed bound: runs alone (Makefile)
 def test_many_messages_in_one_read_are_fast() -> None:
     stream = README_UUID_MESSAGE + AUDIO_20MS * 20_000  # 400 s of audio, 6.5 MB
     conn = AudioSocketConnection()

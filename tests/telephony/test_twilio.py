@@ -1003,6 +1003,7 @@ def test_every_error_code_is_exercised() -> None:
     }
 
 
+@pytest.mark.realtime  # Hypothesis's default 200 ms deadline: runs alone
 def test_media_builder_matches_build_media_character_for_character() -> None:
     from hypothesis import given
     from hypothesis import strategies as st

@@ -266,6 +266,7 @@ delete window.AudioWorkletNode;
 """
 
 
+@pytest.mark.realtime  # cleared within 2 s: runs alone (Makefile)
 def test_pcm_path_without_webcodecs_or_worklet(
     browser: Browser, gateway: GatewayProcess, token: str
 ) -> None:
@@ -312,6 +313,7 @@ def test_telephony_formats_are_resampled_for_playback(
     dp.assert_clean()
 
 
+@pytest.mark.realtime  # flushed within 1 s: runs alone (Makefile)
 def test_clear_stops_playback(demo_page: DemoPage, token: str) -> None:
     dp = demo_page
     dp.open(token)
@@ -508,6 +510,7 @@ def speech_wav(gateway: GatewayProcess, text: str) -> bytes:
     return out.getvalue()
 
 
+@pytest.mark.realtime  # a 3.5 s recording between two clicks: runs alone
 def test_microphone_recording(demo_page: DemoPage, gateway: GatewayProcess, token: str) -> None:
     """Record 3.5 s from Chromium's fake microphone (MediaRecorder); without a registry on
     the gateway, registering says so in plain words."""

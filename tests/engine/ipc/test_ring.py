@@ -488,6 +488,7 @@ def _producer_main(name: str, directory: str, seed: int) -> None:
 
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])
+@pytest.mark.realtime  # 8 MiB in under 10 s, two spinning processes: runs alone (Makefile)
 def test_cross_process_streaming(tmp_path: Path, method: str) -> None:
     seed = 1234
     name = f"ring-test-{uuid.uuid4().hex}"

@@ -6,10 +6,13 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from engine.scheduler.channels import Channel, Wakeup
 from engine.scheduler.state import Generations, StatsCounter
 
 
+@pytest.mark.realtime  # a wake-up within 2 s: runs alone (Makefile)
 def test_a_put_on_either_channel_wakes_the_coordinator_and_each_drains_in_order() -> None:
     wakeup = Wakeup()
     commands: Channel[str] = Channel(wakeup)

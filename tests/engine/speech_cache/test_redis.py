@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from engine.speech_cache import (
@@ -206,6 +207,7 @@ def test_a_password_protected_redis(tmp_path: Path) -> None:
         server.kill()
 
 
+@pytest.mark.realtime  # lookups answered within 0.15 s: runs alone (Makefile)
 def test_killed_redis_degrades_to_misses_and_recovers(redis_process: RedisProcess) -> None:
     cache = redis_cache(redis_process.url, back_off_s=0.5)
     try:
@@ -236,6 +238,7 @@ def test_killed_redis_degrades_to_misses_and_recovers(redis_process: RedisProces
         cache.close()
 
 
+@pytest.mark.realtime  # answers within 0.15 s, 10 ms: runs alone (Makefile)
 def test_frozen_redis_answers_none_within_the_timeout(redis_process: RedisProcess) -> None:
     """A Redis that accepts connections but never answers (SIGSTOP): each lookup is
     answered None within ~2x the timeout; after three the level backs off at once."""
@@ -289,6 +292,7 @@ def test_full_lookup_queue_answers_at_once(redis_process: RedisProcess) -> None:
         cache.close()
 
 
+@pytest.mark.realtime  # answered within 0.15 s: runs alone (Makefile)
 def test_watchdog_answers_when_the_store_hangs_past_the_timeout(
     redis_process: RedisProcess,
 ) -> None:

@@ -101,6 +101,7 @@ async def eventually(condition: Callable[[], object], timeout: float = 2.0) -> f
     return time.monotonic() - started
 
 
+@pytest.mark.realtime  # dropped within 1 s: runs alone (Makefile)
 async def test_a_deletion_through_one_instance_reaches_the_others_at_once(
     instances: Callable[..., Instance],
 ) -> None:

@@ -316,6 +316,7 @@ async def test_a_malformed_stream_ends_the_call_with_an_error(
 # --------------------------------------------------------------------------- refusals
 
 
+@pytest.mark.realtime  # closed within 1 s: runs alone (Makefile)
 async def test_untrusted_sources_are_closed_at_once(make: Make) -> None:
     gw = await make(allow=parse_allow("10.0.0.0/8"))
     peer = await gw.connect()
@@ -325,6 +326,7 @@ async def test_untrusted_sources_are_closed_at_once(make: Make) -> None:
     await gw.released()
 
 
+@pytest.mark.realtime  # closed within 1 s: runs alone (Makefile)
 async def test_the_cap_counts_connections_waiting_for_their_uuid(make: Make) -> None:
     gw = await make(max_calls=1)
     waiting = await gw.connect()
