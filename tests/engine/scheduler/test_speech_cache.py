@@ -348,6 +348,7 @@ def test_a_warmed_prompt_plays_from_memory(make_rig):
     assert level(rig.cache, "memory") == (2, 0)
 
 
+@pytest.mark.realtime  # a bound on elapsed time (docs/testing.md)
 def test_warm_up_never_delays_a_call_s_first_audio(make_rig, monkeypatch):
     """A warm job of long segments (each 2 s of synthesis, inline) is interrupted when a
     call comes: the call's first audio comes after its own first chunk, not after the
@@ -505,9 +506,14 @@ def test_an_utterance_knows_which_of_its_segments_the_cache_holds(make_rig):
     rig = make_rig(cache=cache)
     rig.open(1, capacity=4096)  # a small ring: the utterance is still there to look at
     rig.scheduler.speak(1, 1, GREETING + " Nobody has heard this sentence before.", True)
-    time.sleep(0.3)
-    utterance = rig.scheduler._streams[1].utterances[0]
-    marked = set(utterance.cached_texts)
+    deadline = time.monotonic() + WAIT_S
+    while True:  # the coordinator takes the stream and its text on its own thread
+        stream = rig.scheduler._streams.get(1)
+        if stream is not None and stream.utterances and stream.utterances[0].cached_texts:
+            break
+        assert time.monotonic() < deadline, "the greeting's segments were not marked as cached"
+        time.sleep(0.01)
+    marked = set(stream.utterances[0].cached_texts)
     assert marked, "the greeting's segments were not marked as cached"
     assert all("Nobody" not in text for text in marked)
     assert all(text in GREETING for text in marked)
