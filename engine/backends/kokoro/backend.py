@@ -315,6 +315,14 @@ class KokoroBackend:
             f"/crossfade{pieces.CROSSFADE}/own"
         )
 
+    @property
+    def piece_pace(self) -> float | None:
+        """In pieces, the pace (audio seconds one worker decodes per second, context
+        included) the schedule counts on for each piece to arrive before the audio before
+        it runs out: a worker slower than that (more calls than cores) leaves holes in the
+        middle of a segment. None when segments are decoded whole."""
+        return pieces.PLAN_PACE if self.in_pieces else None
+
     def idle(self) -> bool:
         """Whether no synthesis runs now."""
         with self._lock:
