@@ -150,7 +150,7 @@ def build_float(directory: Path | None = None) -> Path:
 
     directory = asset_dir() if directory is None else directory
     started = time.monotonic()
-    log.info("kokoro: building the float graph from %s (once; about 10 s)", MODEL_FILE)
+    log.info("kokoro: building the float graph from %s (once; a few seconds)", MODEL_FILE)
     model = onnx.load_from_string(model_bytes(directory))
     log.info("kokoro: float graph: weights dequantized, convolutions rewritten")
     data = float_graph(model).SerializeToString()
