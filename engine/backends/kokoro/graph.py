@@ -17,12 +17,13 @@ model alone, built in a fixed order: the same bytes every time, so its sha256 ca
 pinned (:data:`engine.backends.kokoro.assets.FLOAT_SHA256`).
 
 The split (:func:`split`): a front graph (``tokens``, ``style``, ``speed`` to the frames of
-each id, the aligned features and the F0 and energy curves) and a decoder graph (those
-features and curves, ``style``, and the harmonic source's phase to audio), so that the
+each id, the aligned features, the F0 and energy curves and the harmonic source's phase)
+and a decoder graph (those, over a range of frames, and ``style`` to audio), so that the
 decoder can run over frame ranges (:mod:`engine.backends.kokoro.pieces`). Both graphs take
 the tensor names of the whole model; the decoder's phase input replaces the in-graph
-cumulative sum of the harmonic source (:data:`PHASE`), and its instance normalizations can
-take their statistics from inputs (:data:`STATS_GIVEN`) or return them (:data:`STATS_OUT`).
+cumulative sum of the harmonic source (:data:`PHASE`, computed by the front over the whole
+segment), and each of its instance normalizations can take its statistics from inputs
+(:data:`STATS_GIVEN_FLAG`); it returns its own either way.
 Either graph, int8 or float, splits the same way.
 """
 
@@ -47,9 +48,6 @@ ENERGY: Final = "/encoder/Reshape_1_output_0"  # [1, 2 * frames]
 PHASE: Final = "/decoder/decoder/generator/m_source/l_sin_gen/Mul_4_output_0"
 PHASE_SUM: Final = "/decoder/decoder/generator/m_source/l_sin_gen/CumSum"
 NORM_PREFIX: Final = "/decoder/"
-STATS_OWN: Final = "own"  # each normalization over its own input (as exported)
-STATS_OUT: Final = "out"  # ... and its mean and variance returned as outputs
-STATS_GIVEN: Final = "given"  # mean and variance read from inputs
 
 
 class GraphError(RuntimeError):
@@ -325,12 +323,12 @@ def split(model: Any) -> Split:
     :data:`PHASE` (the export's own nodes: the harmonic source's cumulative phase over the
     whole segment).
     Decoder: :data:`ALIGNED`, :data:`F0`, :data:`ENERGY`, :data:`PHASE` (a range of frames),
-    ``style``,
-    :data:`STATS_WEIGHT` and each normalization's given mean and variance -> ``audio``
-    and each normalization's own mean and variance. A normalization uses
-    ``w * given + (1 - w) * own`` statistics, ``w`` the weight: 0 runs the decoder as
-    exported (and returns its statistics), 1 runs it on given ones (whose shape may be
-    ``[1, 1, 1]`` when ``w`` is 0)."""
+    ``style``, :data:`STATS_GIVEN_FLAG` (bool, one per normalization) and each
+    normalization's given mean and variance (``[1, channels, 1]``; any shape that
+    broadcasts, ``[1, 1, 1]``, where its flag is False) -> ``audio`` and each
+    normalization's own mean and variance (:attr:`Split.norms` order). A normalization
+    whose flag is False runs as exported; one whose flag is True normalizes with the given
+    statistics (selected, not blended: an overflow of its own cannot reach them)."""
     from onnx import TensorProto, helper
 
     graph = model.graph
