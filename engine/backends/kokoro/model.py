@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.backends.kokoro.g2p import Token
+from engine.backends.kokoro.pieces import Features, phase_slice
 from engine.backends.kokoro.vocab import MAX_TOKENS, PAD_ID, VOCAB
 from engine.backends.onnx_cpu import cpu_session
 
@@ -126,3 +127,89 @@ class KokoroModel:
 
 def to_int16(audio: npt.NDArray[np.float32]) -> npt.NDArray[np.int16]:
     return np.asarray(np.clip(audio * OUTPUT_GAIN, -32768, 32767), dtype=np.int16)
+
+
+class SplitModel:
+    """The model as two ONNX Runtime sessions (:func:`engine.backends.kokoro.graph.split`):
+    the front, run once per call, and the decoder, run once per piece; shared by the
+    worker threads (``run`` is thread-safe), each run on ``threads`` intra-op threads."""
+
+    def __init__(self, model: Any, threads: int = 1) -> None:
+        from engine.backends.kokoro import graph as graphs
+
+        parts = graphs.split(model)
+        self.norms = parts.norms
+        self.durations_name = parts.durations
+        self._front = cpu_session(parts.front.SerializeToString(), threads)
+        self._decoder_bytes: bytes | None = parts.decoder.SerializeToString()
+        self._decoder = cpu_session(self._decoder_bytes, threads)
+        self._given_names = [n for norm in self.norms for n in (norm.mean_input, norm.var_input)]
+        self._none = [np.zeros((1, 1, 1), dtype=np.float32)] * len(self._given_names)
+        self.hop = 0
+        call = tokenize(WARM_UP)[0]
+        frames, features = self.front(call.ids, np.zeros((1, 256), np.float32), 1.0)
+        audio, _ = self.decode(features, 0, features.frames, None)
+        if frames.sum() > 0:
+            self.hop = round(audio.size / float(frames.sum()))
+
+    def decoder_session(self, threads: int) -> Any:
+        """Another session of the decoder graph, on ``threads`` intra-op threads."""
+        if self._decoder_bytes is None:
+            raise RuntimeError("the decoder graph was released")
+        return cpu_session(self._decoder_bytes, threads, spin=False)
+
+    def release_graph(self) -> None:
+        """Forget the decoder graph's bytes (no more :meth:`decoder_session`)."""
+        self._decoder_bytes = None
+
+    def front(
+        self, ids: Sequence[int], style: npt.NDArray[np.float32], speed: float
+    ) -> tuple[npt.NDArray[np.int64], Features]:
+        """The frames of each id (index 0: the leading pad) and the decoder's features."""
+        from engine.backends.kokoro import graph as graphs
+
+        row = np.ascontiguousarray(style, dtype=np.float32).reshape(1, 256)
+        feed = {
+            "tokens": np.array([[PAD_ID, *ids, PAD_ID]], dtype=np.int64),
+            "style": row,
+            "speed": np.array([speed], dtype=np.float32),
+        }
+        frames, aligned, f0, energy, phase = self._front.run(
+            [self.durations_name, graphs.ALIGNED, graphs.F0, graphs.ENERGY, graphs.PHASE], feed
+        )
+        features = Features(
+            np.asarray(aligned, dtype=np.float32),
+            np.asarray(f0, dtype=np.float32),
+            np.asarray(energy, dtype=np.float32),
+            np.asarray(phase, dtype=np.float32),
+            row,
+        )
+        return np.asarray(frames, dtype=np.int64).reshape(-1), features
+
+    def decode(
+        self,
+        features: Features,
+        lo: int,
+        hi: int,
+        given: Sequence[npt.NDArray[np.float32]] | None,
+        session: Any = None,
+        flags: Sequence[bool] | None = None,
+    ) -> tuple[npt.NDArray[np.float32], list[npt.NDArray[np.float32]]]:
+        """Audio of frames ``lo`` .. ``hi`` (float, ``hop`` samples a frame) and the
+        statistics its normalizations used (given ones, or its own when ``given`` is None)."""
+        from engine.backends.kokoro import graph as graphs
+
+        feed: dict[str, Any] = {
+            graphs.ALIGNED: features.aligned[:, :, lo:hi],
+            graphs.F0: features.f0[:, 2 * lo : 2 * hi],
+            graphs.ENERGY: features.energy[:, 2 * lo : 2 * hi],
+            "style": features.style,
+            graphs.PHASE: phase_slice(features.phase, 2 * lo, 2 * hi),
+            graphs.STATS_GIVEN_FLAG: np.full(len(self.norms), given is not None)
+            if flags is None
+            else np.asarray(flags, dtype=bool),
+        }
+        feed.update(zip(self._given_names, self._none if given is None else given, strict=True))
+        outputs = (session or self._decoder).run(None, feed)
+        audio = np.asarray(outputs[0], dtype=np.float32).reshape(-1)
+        return audio, list(outputs[1:]) if given is None or flags is not None else list(given)

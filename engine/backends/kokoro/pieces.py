@@ -1,0 +1,232 @@
+"""Decoding a Kokoro segment in pieces: the schedule, the phase, the joins.
+
+Sans-I/O: arrays and numbers in, arrays and numbers out; the decoder is a function given
+by the caller (:class:`engine.backends.kokoro.model.KokoroModel` runs ONNX Runtime).
+
+One segment: the front (text to frames, :mod:`engine.backends.kokoro.graph`) runs once;
+the decoder then runs over frame ranges, each piece with :data:`LEFT_CONTEXT` frames
+before it and :data:`RIGHT_CONTEXT` after it (clipped at the segment's ends), of which
+only the piece's own frames are kept. One frame is ``hop`` samples (600: 25 ms at 24 kHz).
+
+- The schedule (:func:`schedule`): the first piece as short as first audio needs, each
+  later one as long as the audio already out covers decoding it (at ``pace`` audio
+  seconds per second of one worker), the last one the rest. The leading pad's frames before
+  ``begin`` (the lead cut) are never decoded but as context.
+- The phase: the harmonic source's phase at each half frame, ``2 pi * 300 *
+  cumsum(frac(f0 * h / 24000))`` for harmonics ``h`` 1..9, is computed by the front over
+  the whole segment (the export's own nodes, so the same values), and each piece gets its
+  slice (:func:`phase_slice`): a piece starts where the one before it left off (the
+  decoder's own cumulative sum would restart at each piece).
+- The instance normalizations' statistics (:class:`Stats`): see docs/kokoro.md for the
+  measurement that chose them. ``first``: the first piece normalizes over its own frames
+  and every later piece reuses those statistics, so that the decoder is one fixed
+  function over the segment and pieces join as the whole decode does (no level step).
+  ``own``: every piece over its own frames, the level of each later piece matched to the
+  one before it where they overlap (a gain that returns to 1 over the piece).
+- The joins: consecutive pieces overlap by their context; :data:`CROSSFADE` samples at
+  each join are a linear crossfade of the two (both are the same audio to rounding with
+  ``first`` statistics).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+LEFT_CONTEXT: Final = 8  # frames decoded before a piece and dropped
+RIGHT_CONTEXT: Final = 8  # frames decoded after a piece and dropped
+CROSSFADE: Final = 120  # samples (5 ms) of crossfade at a join
+LEVEL_MATCH_FRAMES: Final = 4  # frames each side of a join whose levels are matched
+MIN_PIECE: Final = 8  # frames: no later piece shorter (its context would dominate)
+SNAP_FRAMES: Final = 4  # how far a join may move to a quieter boundary
+FIRST_PIECE: Final = 40  # frames of the first piece, counted from the lead cut (1 s)
+PLAN_PACE: Final = 3.0  # audio seconds a worker decodes per second, as the schedule plans
+
+Stats = Literal["first", "own"]
+FloatArray = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Frames ``start`` .. ``end`` (exclusive) of a segment, decoded over ``lo`` .. ``hi``
+    (the piece and its context)."""
+
+    start: int
+    end: int
+    lo: int
+    hi: int
+
+
+def schedule(
+    frames: int,
+    begin: int,
+    first: int,
+    pace: float,
+    *,
+    quiet: Sequence[float] | npt.NDArray[np.floating] | None = None,
+    left: int = LEFT_CONTEXT,
+    right: int = RIGHT_CONTEXT,
+    first_left: int | None = None,
+    snap: int = SNAP_FRAMES,
+) -> list[Piece]:
+    """Pieces covering frames ``begin`` .. ``frames`` of a segment.
+
+    The first piece holds about ``first`` frames. Each later one holds as many frames as
+    the audio already out covers at ``pace`` (audio seconds decoded per second of a worker,
+    its context included): with ``b`` frames out and not yet played when it starts, about
+    ``pace * b - left - right``; a rest that fits, or one shorter than twice
+    :data:`MIN_PIECE`, joins the piece before it. Where that is under :data:`MIN_PIECE`
+    (a worker too slow for the audio out: no schedule keeps ahead, as at a ``pace`` of 1
+    or less) the rest is one piece: the fewest joins cost least.
+
+    ``quiet``: the loudness of the segment at each frame boundary (``frames + 1`` values,
+    any scale; :func:`boundary_loudness`): each join moves to the quietest boundary within
+    ``snap`` frames before or after where it would fall (the earlier of equals), so that
+    pieces join in pauses and between words where there are some. ``first_left``: the
+    first piece's left context (default ``left``; the frames before ``begin`` are the
+    leading pad). Deterministic: the same arguments give the same pieces."""
+    if not 0 <= begin < frames:
+        raise ValueError(f"begin {begin} outside 0..{frames}")
+    first_left = left if first_left is None else first_left
+    pieces: list[Piece] = []
+    start = begin
+    target = begin + max(1, first)
+    buffered = 0.0  # frames out and not yet played when the next piece starts
+    while True:
+        end = _join(start, target, frames, quiet, snap)
+        lo = max(0, start - (first_left if not pieces else left))
+        hi = min(frames, end + right)
+        pieces.append(Piece(start, end, lo, hi))
+        if end >= frames:
+            return pieces
+        if len(pieces) > 1:
+            buffered = max(0.0, buffered - (hi - lo) / pace)
+        buffered += end - start
+        start = end
+        room = int(pace * buffered) - left - right
+        # no piece worth its context fits: the rest at once (the fewest joins)
+        target = start + room if room >= MIN_PIECE else frames
+
+
+def _join(
+    start: int,
+    target: int,
+    frames: int,
+    quiet: Sequence[float] | npt.NDArray[np.floating] | None,
+    snap: int,
+) -> int:
+    """Where a piece from ``start`` aiming at ``target`` ends: the segment's end when the
+    rest would be shorter than twice :data:`MIN_PIECE` (a piece that short costs more
+    context than it holds), else the quietest boundary near ``target`` that leaves both
+    sides at least :data:`MIN_PIECE` (or ``target``)."""
+    if frames - target < 2 * MIN_PIECE:
+        return frames
+    if quiet is None or snap <= 0:
+        return target
+    lo = max(start + min(MIN_PIECE, target - start), target - snap)
+    hi = min(frames - MIN_PIECE, target + snap)
+    if hi < lo:
+        return target
+    candidates = range(lo, hi + 1)
+    return min(candidates, key=lambda j: (float(quiet[j]), j))
+
+
+def boundary_loudness(energy: npt.NDArray[np.floating]) -> npt.NDArray[np.float32]:
+    """The loudness at each frame boundary (``frames + 1`` values) from the front's energy
+    curve (``[1, 2 * frames]``, two values a frame; it follows the decoded level closely:
+    a correlation of 0.98 with frame dB measured on a Mandarin and an English sentence):
+    the largest of the two half frames each side of the boundary."""
+    halves = np.asarray(energy, dtype=np.float32).reshape(-1)
+    padded = np.concatenate([halves[:1], halves[:1], halves, halves[-1:], halves[-1:]])
+    windows = np.lib.stride_tricks.sliding_window_view(padded, 4)[::2]
+    return np.asarray(windows.max(axis=1), dtype=np.float32)
+
+
+def phase_slice(phase: FloatArray, lo: int, hi: int) -> FloatArray:
+    """Half frames ``lo`` .. ``hi`` of a segment's source phase (``[1, harmonics,
+    halves]``): a piece's phase is the whole segment's there."""
+    return np.ascontiguousarray(phase[:, :, lo:hi])
+
+
+@dataclass(frozen=True)
+class Features:
+    """The front's output for one segment: aligned features ``[1, 512, frames]``, the F0
+    and energy curves ``[1, 2 * frames]``, the source phase ``[1, harmonics, 2 * frames]``
+    and the style row ``[1, 256]``."""
+
+    aligned: FloatArray
+    f0: FloatArray
+    energy: FloatArray
+    phase: FloatArray
+    style: FloatArray
+
+    @property
+    def frames(self) -> int:
+        return int(self.aligned.shape[2])
+
+
+# Statistics of the decoder's normalizations: opaque here (what the decoder returned).
+StatsT = Sequence[FloatArray]
+# The decoder of one segment: (lo, hi, given statistics or None: its own) -> (the audio of
+# frames lo .. hi, the statistics it normalized with).
+Decoder = Callable[[int, int, StatsT | None], tuple[FloatArray, StatsT]]
+
+
+def decode(
+    pieces: Sequence[Piece],
+    decoder: Decoder,
+    hop: int,
+    stats: Stats = "first",
+) -> Iterator[FloatArray]:
+    """The audio of ``pieces`` (float, ``hop`` samples per frame), one array per piece as
+    soon as it is decoded, joined as the module docstring says: the arrays joined are
+    ``(pieces[-1].end - pieces[0].start) * hop`` samples, frame ``pieces[0].start`` first.
+    The caller may stop iterating after any piece: nothing more is decoded."""
+    given: StatsT | None = None
+    held: FloatArray | None = None  # the previous piece's samples around the join
+    around: FloatArray | None = None  # the previous piece's frames around the join
+    half = CROSSFADE // 2
+    span = LEVEL_MATCH_FRAMES * hop
+    for piece in pieces:
+        lo, hi = piece.lo, piece.hi
+        audio, used = decoder(lo, hi, given)
+        audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+        if stats == "first" and given is None:
+            given = used
+        first = (piece.start - lo) * hop  # the piece's first sample in ``audio``
+        last = (piece.end - lo) * hop
+        joined = held is not None
+        final = piece.end >= pieces[-1].end
+        out = audio[first - half if joined else first : last if final else last + half].copy()
+        if joined and stats == "own" and around is not None:
+            gain = level_ratio(around, audio[max(0, first - span) : first + span])
+            if gain != 1.0:  # the matched level at the join, back to 1 at the piece's end
+                out *= np.linspace(gain, 1.0, out.size, dtype=np.float32)
+        if held is not None:
+            fade = min(held.size, out.size)
+            ramp = (np.arange(fade, dtype=np.float32) + 0.5) / fade
+            out[:fade] = held[:fade] * (1 - ramp) + out[:fade] * ramp
+        if final:
+            held = None
+        else:
+            held = out[-2 * half :].copy()
+            around = audio[max(0, last - span) : last + span]
+            out = out[: -2 * half]
+        yield out
+
+
+def level_ratio(before: FloatArray, after: FloatArray) -> float:
+    """The gain that brings ``after`` to the level of ``before`` (the same frames around a
+    join, decoded by two pieces), within 0.5 .. 2; 1 when either is near silence."""
+    n = min(before.size, after.size)
+    if n == 0:
+        return 1.0
+    level_before = float(np.sqrt(np.mean(np.square(before[:n], dtype=np.float64))))
+    level_after = float(np.sqrt(np.mean(np.square(after[:n], dtype=np.float64))))
+    if level_after < 1e-4 or level_before < 1e-4:
+        return 1.0
+    return float(np.clip(level_before / level_after, 0.5, 2.0))

@@ -1,0 +1,261 @@
+"""Kokoro decoded in pieces: the schedule, the phase, the joins, the words, cancellation.
+
+The schedule tests need no model; the rest run the installed model (split in two, the
+graph the backend chooses) once for the module. Pieces are checked against one decoder
+run over the whole segment with the statistics the backend serves with (the whole
+segment's: docs/kokoro.md), so what is tested is the piece machinery itself: context,
+phase, joins, offsets."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.backends.base import SynthesisJob, VoiceSettings, WordTiming
+from engine.backends.kokoro import assets, pieces
+from engine.backends.kokoro.backend import KokoroBackend, installed, leading_cut
+from engine.backends.kokoro.model import tokenize
+from tests.bench import joins
+
+SENTENCE = "您好，欢迎致电客服中心，您的订单已发货，请注意查收。"
+# Pieces given the whole segment's statistics against the whole decode, float graph:
+# measured 26-34 dB over the bench's 38 segments (tests/bench/kokoro_joins.py,
+# docs/kokoro.md); what remains is the decoder's edge at each piece's context, through a
+# decoder that amplifies rounding.
+PIECES_SNR_DB = 20.0
+
+needs_model = pytest.mark.skipif(
+    not installed(), reason="kokoro assets not installed (make kokoro-voices)"
+)
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+def covers(plan: list[pieces.Piece], begin: int, frames: int) -> bool:
+    return (
+        plan[0].start == begin
+        and plan[-1].end == frames
+        and all(a.end == b.start for a, b in itertools.pairwise(plan))
+        and all(p.lo <= p.start < p.end <= p.hi for p in plan)
+    )
+
+
+def test_the_schedule_covers_the_segment_from_the_cut_first_piece_short() -> None:
+    plan = pieces.schedule(200, 12, 16, 3.0)
+    assert covers(plan, 12, 200) and len(plan) > 2
+    assert plan[0].end - plan[0].start == 16
+    assert plan[0].lo == 12 - pieces.LEFT_CONTEXT  # the pad before the cut: context only
+    assert [p.end - p.start for p in plan[1:-1]] == sorted(p.end - p.start for p in plan[1:-1])
+    assert pieces.schedule(200, 12, 16, 3.0) == plan  # deterministic
+
+
+def test_each_piece_is_decoded_before_the_audio_before_it_runs_out() -> None:
+    for pace in (2.0, 3.0, 5.0):
+        plan = pieces.schedule(400, 10, 40, pace)
+        assert covers(plan, 10, 400) and len(plan) >= 3
+        buffered = float(plan[0].end - plan[0].start)
+        for piece in plan[1:]:
+            cost = (piece.hi - piece.lo) / pace
+            if piece.end < 400:  # the last may hold a short tail merged into it
+                assert cost <= buffered, (pace, piece)
+            buffered = buffered - cost + piece.end - piece.start
+    # too slow to keep ahead of a 0.4 s first piece: the rest at once
+    assert len(pieces.schedule(400, 10, 16, 1.2)) == 2
+
+
+def test_a_worker_slower_than_real_time_decodes_the_rest_in_one_piece() -> None:
+    plan = pieces.schedule(300, 10, 16, 0.8)
+    assert len(plan) == 2 and covers(plan, 10, 300)
+
+
+def test_joins_move_to_the_quietest_boundary_nearby() -> None:
+    quiet = np.full(201, 5.0, dtype=np.float32)
+    quiet[30] = -9.0  # a pause 2 frames after where the first join would fall
+    plan = pieces.schedule(200, 12, 16, 3.0, quiet=quiet)
+    assert plan[0].end == 30 and covers(plan, 12, 200)
+    energy = np.array([[0, 0, 9, 9, 0, 0, 9, 9]], dtype=np.float32)  # 4 frames
+    assert pieces.boundary_loudness(energy).tolist() == [0, 9, 9, 9, 9]
+
+
+# --------------------------------------------------------------------------- clicks
+
+
+def test_the_click_detector_finds_a_broken_join_and_not_a_whole_one() -> None:
+    rate = 24_000
+    t = np.arange(rate // 2) / rate
+    tone = 0.3 * np.sin(2 * np.pi * 180 * t) * (1 + 0.3 * np.sin(2 * np.pi * 3 * t))
+    at = tone.size // 2
+    assert joins.clicks(tone, [at]) == 0
+    restarted = tone.copy()
+    restarted[at:] = 0.3 * np.sin(2 * np.pi * 180 * t[: tone.size - at])  # phase from zero
+    assert joins.clicks(restarted, [at]) == 1
+    stepped = tone.copy()
+    stepped[at:] *= 1.5  # a level step, no discontinuity of phase
+    assert joins.level_step_db(stepped, tone, at) == pytest.approx(3.52, abs=0.1)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+@pytest.fixture(scope="module")
+def kokoro() -> Iterator[KokoroBackend]:
+    if not installed():
+        pytest.skip("kokoro assets not installed (make kokoro-voices)")
+    # the float graph: the int8 one quantizes each activation over the frames decoded, so
+    # its pieces differ from its whole decode by that too (15 dB SNR, docs/kokoro.md)
+    backend = KokoroBackend(threads=2, graph="float")  # with the idle session (two threads)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def segment(kokoro: KokoroBackend) -> dict[str, Any]:
+    """The front of :data:`SENTENCE` and its whole decode (with its statistics)."""
+    assert kokoro.model is not None
+    voice = kokoro.resolve_voice(VoiceSettings("zh-yunxi"))
+    call = tokenize(kokoro.phonemes(SENTENCE, voice))[0]
+    frames, features = kokoro.model.front(call.ids, voice.pack[len(call.ids) - 1], 1.0)
+    whole, stats = kokoro.model.decode(features, 0, features.frames, None)
+    return {"frames": frames, "features": features, "whole": whole, "stats": stats}
+
+
+def decode_pieces(kokoro: KokoroBackend, segment: dict[str, Any], **kw: Any) -> Any:
+    assert kokoro.model is not None
+    model, features = kokoro.model, segment["features"]
+    begin = leading_cut(segment["frames"])
+    plan = pieces.schedule(features.frames, begin, pieces.FIRST_PIECE, pieces.PLAN_PACE, **kw)
+    stats = segment["stats"]
+
+    def decoder(lo: int, hi: int, _given: Any) -> Any:
+        return model.decode(features, lo, hi, stats)
+
+    out = list(pieces.decode(plan, decoder, kokoro.hop))
+    return plan, begin, out
+
+
+@needs_model
+def test_pieces_equal_the_whole_decode_with_its_statistics(
+    kokoro: KokoroBackend, segment: dict[str, Any]
+) -> None:
+    plan, begin, out = decode_pieces(kokoro, segment)
+    assert len(plan) >= 3 and len(out) == len(plan)
+    audio = np.concatenate(out)
+    reference = segment["whole"][begin * kokoro.hop :]
+    assert audio.size == reference.size
+    assert joins.snr_db(audio, reference) > PIECES_SNR_DB
+    places = [(p.start - begin) * kokoro.hop for p in plan[1:]]
+    assert joins.clicks(audio, places) <= joins.clicks(reference, places)
+    assert max(joins.level_step_db(audio, reference, at) for at in places) < 1.0
+
+
+@needs_model
+def test_the_phase_runs_on_across_pieces(kokoro: KokoroBackend, segment: dict[str, Any]) -> None:
+    features = segment["features"]
+    f0 = features.f0.reshape(1, 1, -1).astype(np.float64)
+    turns = f0 * np.arange(1, 10).reshape(1, -1, 1) / 24_000
+    expected = np.cumsum(turns - np.floor(turns), axis=-1) * 2 * np.pi * 300
+    np.testing.assert_allclose(features.phase, expected, rtol=1e-4, atol=0.05)
+    assert pieces.phase_slice(features.phase, 40, 60)[0, 0, 0] == features.phase[0, 0, 40]
+    # a piece given its own phase from zero (the decoder's cumulative sum restarted) no
+    # longer continues the whole decode: its voiced audio moves
+    assert kokoro.model is not None
+    model, stats, hop, lo = kokoro.model, segment["stats"], kokoro.hop, 60
+    hi = features.frames
+    right, _ = model.decode(features, lo, hi, stats)
+    restarted = pieces.Features(
+        features.aligned, features.f0, features.energy,
+        features.phase - features.phase[:, :, 2 * lo : 2 * lo + 1], features.style,
+    )  # fmt: skip
+    wrong, _ = model.decode(restarted, lo, hi, stats)
+    keep = slice(pieces.LEFT_CONTEXT * hop, None)
+    reference = segment["whole"][lo * hop :]
+    assert joins.snr_db(right[keep], reference[keep]) > PIECES_SNR_DB
+    assert (
+        joins.snr_db(wrong[keep], reference[keep]) < joins.snr_db(right[keep], reference[keep]) - 10
+    )
+
+
+def speak(kokoro: KokoroBackend, text: str, voice_id: str, stop_after: int | None = None) -> Any:
+    voice = kokoro.resolve_voice(VoiceSettings(voice_id))
+    chunks: list[np.ndarray] = []
+    words: list[WordTiming] = []
+
+    def emit(_index: int, pcm: np.ndarray) -> bool:
+        chunks.append(pcm)
+        return stop_after is None or len(chunks) < stop_after
+
+    kokoro.synthesize_batch(
+        [SynthesisJob(text, voice, leading=True)], emit, lambda _i, w: words.extend(w)
+    )
+    return chunks, words
+
+
+@needs_model
+@pytest.mark.parametrize(
+    ("voice_id", "text"),
+    [
+        ("zh-yunxi", SENTENCE),
+        ("en-us-heart", "Thank you for calling the billing department today."),
+    ],
+)
+def test_pieces_keep_the_words_and_the_length_of_the_whole(
+    kokoro: KokoroBackend, monkeypatch: pytest.MonkeyPatch, voice_id: str, text: str
+) -> None:
+    whole, whole_words = speak(kokoro, text, voice_id)
+    monkeypatch.setattr(kokoro, "in_pieces", True)
+    parts, part_words = speak(kokoro, text, voice_id)
+    assert len(whole) == 1 and len(parts) >= 2
+    assert sum(c.size for c in parts) == whole[0].size
+    assert part_words == whole_words and whole_words
+    assert np.abs(parts[0][:1200].astype(np.int32)).max() < 300  # it opens quietly
+
+
+@needs_model
+def test_a_stop_after_the_first_piece_decodes_no_more(
+    kokoro: KokoroBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert kokoro.model is not None
+    runs: list[int] = []
+    decode = kokoro.model.decode
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        runs.append(1)
+        return decode(*args, **kw)
+
+    monkeypatch.setattr(kokoro, "in_pieces", True)
+    monkeypatch.setattr(kokoro.model, "decode", counted)
+    chunks, words = speak(kokoro, SENTENCE, "zh-yunxi", stop_after=1)
+    assert len(chunks) == 1 and len(runs) == 1 and not words
+
+
+@needs_model
+def test_the_cache_identity_names_the_graph_and_the_decoding(
+    kokoro: KokoroBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    voice = kokoro.resolve_voice(VoiceSettings("zh-yunxi"))
+    identity = kokoro.cache_identity(voice)
+    expected = assets.FLOAT_SHA256 if kokoro.graph == "float" else assets.MODEL_SHA256
+    assert identity.model_digest == expected and not identity.stochastic
+    assert dict(identity.extra)["decode"] == "whole"
+    monkeypatch.setattr(kokoro, "in_pieces", True)
+    assert dict(kokoro.cache_identity(voice).extra)["decode"].startswith("pieces/")
+
+
+@needs_model
+def test_a_lone_first_segment_on_two_threads_sounds_the_same(kokoro: KokoroBackend) -> None:
+    assert kokoro.idle() and kokoro._idle_session is not None
+    voice = kokoro.resolve_voice(VoiceSettings("zh-yunxi"))
+    out: dict[bool, list[np.ndarray]] = {True: [], False: []}
+    for leading in (True, False):
+
+        def keep(_index: int, pcm: np.ndarray, into: list[np.ndarray] = out[leading]) -> bool:
+            into.append(pcm)
+            return True
+
+        kokoro.synthesize_batch([SynthesisJob(SENTENCE, voice, leading=leading)], keep)
+    np.testing.assert_array_equal(np.concatenate(out[True]), np.concatenate(out[False]))
