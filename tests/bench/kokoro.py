@@ -48,10 +48,10 @@ from tests.bench.neural_capacity import measure
 # (name, KokoroBackend keyword arguments)
 WAYS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("exported int8, whole", {"graph": "int8", "split": False}),
-    ("int8, whole", {"graph": "int8", "in_pieces": False}),
-    ("int8, pieces", {"graph": "int8", "in_pieces": True}),
-    ("float, whole", {"graph": "float", "in_pieces": False}),
-    ("float, pieces", {"graph": "float", "in_pieces": True}),
+    ("int8, whole", {"graph": "int8", "pieces": "off"}),
+    ("int8, pieces", {"graph": "int8", "pieces": "on"}),
+    ("float, whole", {"graph": "float", "pieces": "off"}),
+    ("float, pieces", {"graph": "float", "pieces": "on"}),
 )
 OPENING_VOICE = "zh-xiaoyi"
 

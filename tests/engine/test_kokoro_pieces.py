@@ -108,7 +108,8 @@ def kokoro() -> Iterator[KokoroBackend]:
         pytest.skip("kokoro assets not installed (make kokoro-voices)")
     # the float graph: the int8 one quantizes each activation over the frames decoded, so
     # its pieces differ from its whole decode by that too (15 dB SNR, docs/kokoro.md)
-    backend = KokoroBackend(threads=2, graph="float")  # with the idle session (two threads)
+    # with the idle session (two threads); whole unless a test asks for pieces
+    backend = KokoroBackend(threads=2, graph="float", pieces="off")
     yield backend
     backend.close()
 
@@ -207,12 +208,36 @@ def test_pieces_keep_the_words_and_the_length_of_the_whole(
     kokoro: KokoroBackend, monkeypatch: pytest.MonkeyPatch, voice_id: str, text: str
 ) -> None:
     whole, whole_words = speak(kokoro, text, voice_id)
-    monkeypatch.setattr(kokoro, "in_pieces", True)
+    monkeypatch.setattr(kokoro, "pieces", "on")
     parts, part_words = speak(kokoro, text, voice_id)
     assert len(whole) == 1 and len(parts) >= 2
     assert sum(c.size for c in parts) == whole[0].size
     assert part_words == whole_words and whole_words
     assert np.abs(parts[0][:1200].astype(np.int32)).max() < 300  # it opens quietly
+
+
+@needs_model
+def test_leading_pieces_decode_only_an_utterance_s_first_segment_in_pieces(
+    kokoro: KokoroBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ENGINE_KOKORO_PIECES=leading`` (the default): the segment a caller waits on
+    comes in pieces (first audio after the first piece), a later segment of the
+    utterance whole, as the model was trained; the same length and words either way."""
+    voice = kokoro.resolve_voice(VoiceSettings("zh-yunxi"))
+    whole, _ = speak(kokoro, SENTENCE, "zh-yunxi")
+    monkeypatch.setattr(kokoro, "pieces", "leading")
+    out: dict[bool, list[np.ndarray]] = {True: [], False: []}
+    for leading in (True, False):
+
+        def keep(_index: int, pcm: np.ndarray, into: list[np.ndarray] = out[leading]) -> bool:
+            into.append(pcm)
+            return True
+
+        kokoro.synthesize_batch([SynthesisJob(SENTENCE, voice, leading=leading)], keep)
+    assert len(out[True]) >= 2 and len(out[False]) == 1
+    assert sum(c.size for c in out[True]) == out[False][0].size == whole[0].size
+    identity = dict(kokoro.cache_identity(voice).extra)["decode"]
+    assert identity.startswith("leading-pieces/")
 
 
 @needs_model
@@ -227,7 +252,7 @@ def test_a_stop_after_the_first_piece_decodes_no_more(
         runs.append(1)
         return decode(*args, **kw)
 
-    monkeypatch.setattr(kokoro, "in_pieces", True)
+    monkeypatch.setattr(kokoro, "pieces", "on")
     monkeypatch.setattr(kokoro.model, "decode", counted)
     chunks, words = speak(kokoro, SENTENCE, "zh-yunxi", stop_after=1)
     assert len(chunks) == 1 and len(runs) == 1 and not words
@@ -242,7 +267,7 @@ def test_the_cache_identity_names_the_graph_and_the_decoding(
     expected = assets.FLOAT_SHA256 if kokoro.graph == "float" else assets.MODEL_SHA256
     assert identity.model_digest == expected and not identity.stochastic
     assert dict(identity.extra)["decode"] == "whole"
-    monkeypatch.setattr(kokoro, "in_pieces", True)
+    monkeypatch.setattr(kokoro, "pieces", "on")
     assert dict(kokoro.cache_identity(voice).extra)["decode"].startswith("pieces/")
 
 

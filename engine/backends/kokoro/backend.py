@@ -23,14 +23,15 @@ AVX-VNNI), where it measured faster, and float elsewhere (docs/kokoro.md). Eithe
 split in two (:mod:`engine.backends.kokoro.graph`): the front (text to frames) and the
 decoder.
 
-Pieces (``ENGINE_KOKORO_PIECES``): ``off`` (the default) decodes each model call's frames
-in one decoder run, with the statistics of its instance normalizations over all of them,
-as the model was trained; ``on`` decodes them in pieces, each emitted when it is decoded
-(:mod:`engine.backends.kokoro.pieces`: first audio after the front and a short first
-piece), each piece normalized over its own frames: the speech measured worse that way
-(docs/kokoro.md: whisper's error rates up, levels that step at joins), and the
-statistics of the whole are known only once all of it is decoded, so pieces are off
-unless asked for.
+Pieces (``ENGINE_KOKORO_PIECES``): ``off`` decodes each model call's frames in one
+decoder run, with the statistics of its instance normalizations over all of them, as the
+model was trained; ``on`` decodes them in pieces, each emitted when it is decoded
+(:mod:`engine.backends.kokoro.pieces`: first audio after the front and a 1 s first
+piece), each piece normalized over its own frames (the statistics of the whole are known
+only once all of it is decoded), which moves levels and steps at joins (docs/kokoro.md);
+``leading`` (the default) decodes in pieces only the first model call of an utterance's
+first segment (``leading``), the one a caller is waiting on, and everything after it
+whole: first audio within half a second, at most one piece's join in an utterance.
 
 Threads: ``threads`` calls at once on one shared decoder session, one core each. With
 two workers or more, a second decoder session on :data:`IDLE_THREADS` threads decodes an
@@ -186,13 +187,17 @@ def chosen_graph(env: Mapping[str, str] | None = None, cpuinfo: str | None = Non
     return setting
 
 
-def pieces_setting(env: Mapping[str, str] | None = None) -> bool:
-    """``ENGINE_KOKORO_PIECES``: ``on`` decodes in pieces, ``off`` (the default) whole."""
+PIECES_CHOICES: Final = ("off", "leading", "on")
+
+
+def pieces_setting(env: Mapping[str, str] | None = None) -> str:
+    """``ENGINE_KOKORO_PIECES``: ``leading`` (the default) decodes an utterance's first
+    segment in pieces, ``on`` every segment, ``off`` none."""
     env = os.environ if env is None else env
-    setting = (env.get("ENGINE_KOKORO_PIECES") or "off").strip().lower()
-    if setting not in ("on", "off"):
-        raise ValueError(f"ENGINE_KOKORO_PIECES: {setting!r} is not on or off")
-    return setting == "on"
+    setting = (env.get("ENGINE_KOKORO_PIECES") or "leading").strip().lower()
+    if setting not in PIECES_CHOICES:
+        raise ValueError(f"ENGINE_KOKORO_PIECES: {setting!r} is not one of {PIECES_CHOICES}")
+    return setting
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity (the pack is an array)
@@ -223,13 +228,13 @@ class KokoroBackend:
         directory: os.PathLike[str] | str | None = None,
         graph: str | None = None,
         split: bool = True,
-        in_pieces: bool | None = None,
+        pieces: str | None = None,
         idle_threads: int = IDLE_THREADS,
     ) -> None:
         """``graph``: ``float`` or ``int8`` (None: :func:`chosen_graph`); ``split`` False
         runs the exported graph whole in one session (the path before the split: words
-        and audio as before, no pieces, no idle session); ``in_pieces`` None:
-        :func:`pieces_setting`; ``idle_threads`` below 2 makes no idle session."""
+        and audio as before, no pieces, no idle session); ``pieces``: off, leading or on
+        (None: :func:`pieces_setting`); ``idle_threads`` below 2 makes no idle session."""
         import onnx
 
         base = assets.asset_dir() if directory is None else Path(directory)
@@ -242,7 +247,10 @@ class KokoroBackend:
         self.graph = chosen_graph() if graph is None else graph
         if self.graph not in ("float", "int8"):
             raise ValueError(f"graph {self.graph!r} is not float or int8")
-        self.in_pieces = split and (pieces_setting() if in_pieces is None else in_pieces)
+        chosen = pieces_setting() if pieces is None else pieces
+        if chosen not in PIECES_CHOICES:
+            raise ValueError(f"pieces {chosen!r} is not one of {PIECES_CHOICES}")
+        self.pieces = chosen if split else "off"
         data = assets.float_bytes(base) if self.graph == "float" else assets.model_bytes(base)
         self.digest = assets.FLOAT_SHA256 if self.graph == "float" else assets.MODEL_SHA256
         self.exported: KokoroModel | None = None
@@ -262,7 +270,7 @@ class KokoroBackend:
             self.hop = self.exported.hop
         self._active = 0
         self._lock = threading.Lock()
-        decoding = "pieces" if self.in_pieces else "whole" if split else "exported"
+        decoding = self._decoding().split("/")[0]
         self.version = f"kokoro/{self.digest[:12]}/{decoding}/" + ",".join(s.pack for s in specs)
         self._mandarin = MandarinG2P()
         if any(s.language.startswith("zh") for s in specs):
@@ -307,10 +315,11 @@ class KokoroBackend:
     def _decoding(self) -> str:
         if self.model is None:
             return "exported"
-        if not self.in_pieces:
+        if self.pieces == "off":
             return "whole"
         return (
-            f"pieces/first{pieces.FIRST_PIECE}/pace{pieces.PLAN_PACE}/context"
+            f"{'pieces' if self.pieces == 'on' else 'leading-pieces'}"
+            f"/first{pieces.FIRST_PIECE}/pace{pieces.PLAN_PACE}/context"
             f"{pieces.LEFT_CONTEXT},{pieces.RIGHT_CONTEXT}/snap{pieces.SNAP_FRAMES}"
             f"/crossfade{pieces.CROSSFADE}/own"
         )
@@ -321,7 +330,7 @@ class KokoroBackend:
         included) the schedule counts on for each piece to arrive before the audio before
         it runs out: a worker slower than that (more calls than cores) leaves holes in the
         middle of a segment. None when segments are decoded whole."""
-        return pieces.PLAN_PACE if self.in_pieces else None
+        return None if self.pieces == "off" else pieces.PLAN_PACE
 
     def idle(self) -> bool:
         """Whether no synthesis runs now."""
@@ -382,7 +391,12 @@ class KokoroBackend:
                 lead = leading_cut(frames) * self.hop
                 samples = 0
                 first_session = session if number == 0 else None
-                for chunk in self._decode(features, leading_cut(frames), first_session):
+                in_pieces = self.pieces == "on" or (
+                    self.pieces == "leading" and job.leading and number == 0
+                )
+                for chunk in self._decode(
+                    features, leading_cut(frames), first_session, in_pieces
+                ):
                     samples += chunk.size
                     if not emit(index, to_int16(chunk)):
                         return None
@@ -391,14 +405,16 @@ class KokoroBackend:
             offset_s += samples / SAMPLE_RATE
         return timed
 
-    def _decode(self, features: pieces.Features, begin: int, session: Any) -> Any:
+    def _decode(
+        self, features: pieces.Features, begin: int, session: Any, in_pieces: bool
+    ) -> Any:
         """The audio of frames ``begin`` onwards, one array per piece as it is decoded
-        (one piece unless in pieces); ``session``: the decoder session of the first piece
-        (None: the shared one)."""
+        (one piece unless ``in_pieces``); ``session``: the decoder session of the first
+        piece (None: the shared one)."""
         model = self.model
         assert model is not None
         total = features.frames
-        if self.in_pieces:
+        if in_pieces:
             plan = pieces.schedule(
                 total, begin, pieces.FIRST_PIECE, pieces.PLAN_PACE,
                 quiet=pieces.boundary_loudness(features.energy),
