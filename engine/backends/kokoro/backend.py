@@ -394,9 +394,7 @@ class KokoroBackend:
                 in_pieces = self.pieces == "on" or (
                     self.pieces == "leading" and job.leading and number == 0
                 )
-                for chunk in self._decode(
-                    features, leading_cut(frames), first_session, in_pieces
-                ):
+                for chunk in self._decode(features, leading_cut(frames), first_session, in_pieces):
                     samples += chunk.size
                     if not emit(index, to_int16(chunk)):
                         return None
@@ -405,9 +403,7 @@ class KokoroBackend:
             offset_s += samples / SAMPLE_RATE
         return timed
 
-    def _decode(
-        self, features: pieces.Features, begin: int, session: Any, in_pieces: bool
-    ) -> Any:
+    def _decode(self, features: pieces.Features, begin: int, session: Any, in_pieces: bool) -> Any:
         """The audio of frames ``begin`` onwards, one array per piece as it is decoded
         (one piece unless ``in_pieces``); ``session``: the decoder session of the first
         piece (None: the shared one)."""
