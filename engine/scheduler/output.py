@@ -50,7 +50,10 @@ class OutputWriter:
         if utterance.start_pos is None:
             utterance.start_pos = stream.ring.write_pos + len(stream.pending)
         utterance.samples += len(pcm) // 2
-        self._stats.audio(len(pcm) // 2, len(pcm) / stream.bytes_per_second)
+        seconds = len(pcm) / stream.bytes_per_second
+        self._stats.audio(len(pcm) // 2, seconds)
+        if stream.busy:  # a segment in flight heard in pieces: less of it still to come
+            stream.busy_audio_s = max(0.0, stream.busy_audio_s - seconds)
         if stream.record is not None:
             stream.record.pcm += pcm
         if stream.pending:

@@ -123,7 +123,7 @@ class Stream:
     voice_digest: str = ""
     record: SegmentRecord | None = None  # the segment in synthesis, kept for the cache
     busy_until: float = 0.0  # when that segment is expected done (monotonic)
-    busy_audio_s: float = 0.0  # and the audio it is expected to give
+    busy_audio_s: float = 0.0  # and the audio it is expected to give, less what it gave
     audio_per_char: float = 0.0  # this stream's recent seconds of audio per character
     utterances: deque[Utterance] = field(default_factory=deque)
     pending: bytearray = field(default_factory=bytearray)

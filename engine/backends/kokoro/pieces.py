@@ -44,7 +44,7 @@ LEVEL_MATCH_FRAMES: Final = 4  # frames each side of a join whose levels are mat
 MIN_PIECE: Final = 8  # frames: no later piece shorter (its context would dominate)
 SNAP_FRAMES: Final = 4  # how far a join may move to a quieter boundary
 FIRST_PIECE: Final = 40  # frames of the first piece, counted from the lead cut (1 s)
-PLAN_PACE: Final = 3.0  # audio seconds a worker decodes per second, as the schedule plans
+PLAN_PACE: Final = 2.0  # audio seconds a worker decodes per second, as the schedule plans
 
 Stats = Literal["first", "own"]
 FloatArray = npt.NDArray[np.float32]

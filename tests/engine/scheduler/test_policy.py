@@ -246,3 +246,24 @@ def test_a_cached_start_waits_until_the_rest_can_follow_in_time() -> None:
     free = make_lane(gated=False, threads=1, max_batch=1)
     inline = make_stream(free, 4, [prefix, amount])
     assert rules.cached_start(free, inline, 1.3, now=0.0) == "play"
+
+
+def test_a_segment_heard_in_pieces_counts_only_its_rest_as_still_to_come() -> None:
+    """A segment in flight whose first pieces are already written (Kokoro's leading
+    segment) adds only the audio still to come when it ends: that already written is in
+    the ring, counted once (before, both: a call's slack looked a piece longer than it
+    was, and the lane admitted the next caller into a hole)."""
+    from engine.scheduler.output import OutputWriter
+    from engine.scheduler.state import StatsCounter
+
+    lane = make_lane(gated=True, threads=1, max_batch=1)
+    lane.seconds_per_char = 0.02
+    stream = make_stream(lane, 1, ["x" * 40])
+    Policy().mark_busy(lane, stream, now=0.0)
+    stream.busy_audio_s = 3.0
+    writer = OutputWriter(lambda _owner, _message: None, StatsCounter())
+    writer.write(stream, stream.utterances[0], b"\0" * BYTES_PER_SECOND)  # a 1 s piece
+    work = policy.remaining_work(stream, now=0.5)
+    assert work.unplayed_s == pytest.approx(1.0)
+    assert work.in_flight_audio_s == pytest.approx(2.0)
+    assert work.heard
