@@ -106,10 +106,10 @@ unit-fast: $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
 	  $(FAST_SUITES)
 
 unit-parallel: $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not realtime"
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not realtime" --durations=30
 
 unit-realtime: $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
-	$(PY) -m pytest -q -m realtime
+	$(PY) -m pytest -q -m realtime --durations=30
 
 test: lint
 	@$(MAKE) --no-print-directory -j2 --output-sync=target typecheck unit-parallel

@@ -108,6 +108,8 @@ def test_the_backend_runs_the_graph_it_is_told(float_dir: Path) -> None:
     from engine.backends.kokoro.backend import VOICES
 
     heart = [v for v in VOICES if v.pack == "af_heart"]
-    backend = KokoroBackend(voices=heart, directory=float_dir, graph="int8", idle_threads=1)
+    backend = KokoroBackend(
+        voices=heart, directory=float_dir, graph="int8", idle_threads=1, pieces="off"
+    )
     assert backend.digest == assets.MODEL_SHA256 and backend.graph == "int8"
     assert backend.version.startswith(f"kokoro/{assets.MODEL_SHA256[:12]}/whole/")
