@@ -267,3 +267,25 @@ def test_a_segment_heard_in_pieces_counts_only_its_rest_as_still_to_come() -> No
     assert work.unplayed_s == pytest.approx(1.0)
     assert work.in_flight_audio_s == pytest.approx(2.0)
     assert work.heard
+
+
+def test_a_kokoro_lane_refuses_a_mandarin_newcomer_it_cannot_pace() -> None:
+    """Kokoro's lane at its measured Mandarin pace (two workers, about 0.06 s of a worker
+    and 0.2 s of audio per character): while both calls in progress need a worker each
+    for their next sentence before their 2 s in hand run out, a new Mandarin utterance is
+    held back (taking a worker, it would leave one of them with a hole: it waits, then
+    queue_timeout); once they have audio in hand it starts. Deterministic: the replay,
+    no clock."""
+    lane = make_lane(gated=True, threads=2, max_batch=1)
+    lane.seconds_per_char = 0.06
+    lane.audio_per_char = 0.2
+    sentence = "您好，欢迎致电客服中心，您的订单已发货。"  # 20 characters, about 4 s of speech
+    # 2 s in hand each; their next sentences take 1.5 s of a worker (with the margin)
+    calls = [make_stream(lane, slot, [sentence], voice="zh", playing_s=2.0) for slot in (1, 2)]
+    new = make_stream(lane, 3, [sentence], voice="zh", arrived_at=1.0)
+    rules = Policy()
+    assert not rules.can_start(lane, new, [], now=0.0)
+    for call in calls:  # their next sentences are in: 6 s of audio each, nothing left to do
+        call.utterances[0].segments.clear()
+        assert call.ring.write(b"\0" * (4 * BYTES_PER_SECOND))
+    assert rules.can_start(lane, new, [], now=0.0)
