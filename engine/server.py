@@ -415,6 +415,7 @@ class EngineServer:
     async def start(self, socket_path: str) -> None:
         self._loop = asyncio.get_running_loop()
         self.scheduler.start()
+        self.vad.load()  # tens of ms: the first Pong already says whether VAD is ready
         self.vad.start()
         if os.path.exists(socket_path):
             os.unlink(socket_path)

@@ -15,11 +15,13 @@ The model is loaded lazily, in the worker thread, the first time a duplex stream
 from __future__ import annotations
 
 import enum
+import importlib.util
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -50,6 +52,18 @@ class VadModel(Protocol):
         ...
 
 
+def silero_onnx_path() -> Path:
+    """The ONNX model the ``silero-vad`` package ships, found without importing the
+    package (its ``__init__`` imports torch: a second of every engine start)."""
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("silero-vad is not installed")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.onnx"
+    if not path.is_file():
+        raise FileNotFoundError(f"no Silero VAD model at {path}")
+    return path
+
+
 class SileroVad:
     """The Silero VAD network from the ``silero-vad`` package (its ONNX export, the 8 kHz
     branch), driven statelessly on one ONNX Runtime thread.
@@ -62,16 +76,13 @@ class SileroVad:
     """
 
     def __init__(self) -> None:
-        import importlib.resources
-
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
-        model = importlib.resources.files("silero_vad") / "data" / "silero_vad.onnx"
         self._session = ort.InferenceSession(
-            model.read_bytes(), sess_options=options, providers=["CPUExecutionProvider"]
+            str(silero_onnx_path()), sess_options=options, providers=["CPUExecutionProvider"]
         )
         self._rate = np.array(8000, dtype=np.int64)
         freeze_startup_heap("loading the VAD model")

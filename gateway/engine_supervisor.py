@@ -225,9 +225,11 @@ class EngineSupervisor:
         return f"engine lost: {exc!r}" if exc else "engine connection closed"
 
     async def _heartbeat(self, client: EngineClient) -> str:
+        """Ping at once (the first pong tells the engine's state, VAD readiness included,
+        without waiting an interval), then every ``heartbeat_interval``."""
         while True:
-            await asyncio.sleep(self.settings.heartbeat_interval)
             await client.ping(self.settings.heartbeat_timeout)
+            await asyncio.sleep(self.settings.heartbeat_interval)
 
     async def _teardown(self) -> None:
         client, self.client = self.client, None
