@@ -326,8 +326,9 @@ async def neural_caller(gw: GatewayProcess, prompts: int) -> list[tuple[str, flo
 async def test_neural_overload_queues_the_excess_and_admitted_calls_never_stutter(
     gateways: list[GatewayProcess], tmp_path: Path
 ) -> None:
-    """More calls than one neural worker can voice (30: on an idle machine of this kind
-    one worker voices about 20, and 20 showed no excess), three prompts each: every
+    """More calls than one neural worker can voice, three prompts each: 40 (Piper speaks
+    this prompt at 0.039 of real time on this machine idle, so one worker keeps about 25
+    calls fed; 20 and 30 calls left it no excess, or too little, to refuse). Every
     utterance either plays with no frame late (from its first frame on) or is refused;
     none does both. The engine keeps speaking calls fed before it starts new utterances, so the
     excess shows as first-audio latency, the gateway's soft threshold degrades, and the
@@ -347,7 +348,7 @@ async def test_neural_overload_queues_the_excess_and_admitted_calls_never_stutte
         # in tests/engine/test_scheduler.py.
         ENGINE_START_TIMEOUT_MS="60000",
     )
-    callers, prompts = 30, 3
+    callers, prompts = 40, 3
     async with LoopStallWatch() as client_stalls:
         results = await asyncio.gather(*(neural_caller(gw, prompts) for _ in range(callers)))
     outcomes = [o for r in results for o in r]
