@@ -111,7 +111,8 @@ unit-parallel: $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not realtime" --durations=30
 
 unit-realtime: $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
-	$(PY) -m pytest -q -m realtime --durations=30
+	$(PY) -m pytest -q -m realtime --durations=30 \
+	  $$(grep -rl --include='test_*.py' 'pytest.mark.realtime' tests)
 
 test: lint
 	@$(MAKE) --no-print-directory -j2 --output-sync=target typecheck unit-parallel
