@@ -20,7 +20,6 @@ from engine.speech_cache.directory import DirectoryStore
 from engine.speech_cache.key import SHARED_SCOPE, SegmentKey
 from engine.speech_cache.memory import MemoryLevel
 from engine.speech_cache.private import private_directory, read_or_create_secret
-from engine.speech_cache.redis_store import RedisStore
 from engine.speech_cache.sealing import Sealer
 from engine.speech_cache.settings import SpeechCacheSettings
 from engine.speech_cache.shared import SharedLevel, SharedStore
@@ -279,6 +278,10 @@ def open_shared_store(settings: SpeechCacheSettings, sealer: Sealer) -> SharedSt
     budget = settings.shared_mb * 1024 * 1024
     shared_label = sealer.label("scope", SHARED_SCOPE)
     if kind == "redis" and settings.redis_url:
+        # Imported here: redis-py takes about 0.5 s to import, paid by every engine
+        # start-up (tests start hundreds) though most engines have no Redis level.
+        from engine.speech_cache.redis_store import RedisStore
+
         try:
             return RedisStore(
                 settings.redis_url,

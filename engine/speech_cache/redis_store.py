@@ -37,10 +37,11 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from engine.speech_cache.settings import DEFAULT_PREFIX
+
 if TYPE_CHECKING:
     from engine.speech_cache.shared import Address
 
-DEFAULT_PREFIX: Final = "speechcache:v2:"
 MAX_EVICTIONS_PER_WRITE: Final = 64
 _SCAN_COUNT = 500
 _MAX_SCAN_CALLS = 10_000  # forget_voice and purge_scope give up after this many pages

@@ -7,12 +7,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from engine.ipc.env import ConfigError, env_int
 from engine.speech_cache.private import MIN_SECRET_BYTES
-from engine.speech_cache.redis_store import DEFAULT_PREFIX
 
 SHARED_CHOICES = ("auto", "redis", "directory", "off")
+# The Redis level's key prefix (v2: scoped keys, sealed entries).
+DEFAULT_PREFIX: Final = "speechcache:v2:"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _APP = "ivr-gateway"
