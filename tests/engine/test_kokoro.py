@@ -24,11 +24,15 @@ from engine.backends.kokoro import assets
 from engine.backends.kokoro.backend import (
     DEFAULT_MANDARIN_VOICE,
     LEAD_KEEP_FRAMES,
+    TRAIL_KEEP_FRAMES,
     VOICES,
     KokoroBackend,
     chosen_voices,
+    continues_sentence,
     installed,
     leading_cut,
+    trailing_end,
+    trailing_samples,
 )
 from engine.backends.kokoro.g2p import MandarinG2P, Token, english
 from engine.backends.kokoro.model import MAX_IDS, SAMPLE_RATE, tokenize
@@ -230,6 +234,54 @@ def test_each_shipped_voice_speaks_for_its_predicted_length(
     assert np.abs(pcm.astype(np.int32)).max() < 32767  # not clipped
     assert words and all(a.end_s <= b.start_s + 1e-9 for a, b in itertools.pairwise(words))
     assert words[-1].end_s <= len(pcm) / SAMPLE_RATE
+
+
+def trailing_quiet_frames(pcm: np.ndarray) -> int:
+    """Frames (600 samples) at the end whose peak is under -40 dBFS."""
+    frames = np.abs(pcm[: len(pcm) // 600 * 600].astype(np.int32)).reshape(-1, 600).max(axis=1)
+    loud = np.nonzero(frames >= 328)[0]
+    return len(frames) - 1 - int(loud[-1])
+
+
+def test_only_a_sentence_s_end_keeps_the_sentence_pause() -> None:
+    assert continues_sentence("您的验证码是") and continues_sentence("Your balance is")
+    assert continues_sentence("Hello,") and continues_sentence("您好,")
+    assert not continues_sentence("您好.") and not continues_sentence("Thank you! ")
+    assert not continues_sentence("") and not continues_sentence("Is it?")
+    assert not continues_sentence("您好。") and not continues_sentence('He said "yes."')
+    # 20 loud frame boundaries, then the floor: decoded up to the last loud one and a pause
+    loudness = np.array([5.0] * 20 + [-9.6] * 31, dtype=np.float32)
+    assert trailing_end(loudness, begin=3) == 19 + TRAIL_KEEP_FRAMES
+    assert trailing_end(np.full(11, -9.6, dtype=np.float32), begin=3) == 10  # all as loud
+    assert trailing_end(loudness, begin=30) == 31  # never before what is decoded
+    audio = np.concatenate([np.full(600 * 10, 0.2), np.zeros(600 * 30)]).astype(np.float32)
+    assert trailing_samples(audio, 600) == (10 + TRAIL_KEEP_FRAMES) * 600
+    assert trailing_samples(audio[:100], 600) == 100
+
+
+@pytest.mark.parametrize(
+    ("voice_id", "words_before"),
+    [("zh-xiaoyi", "您的验证码是"), ("en-us-heart", "Your current balance is")],
+)
+def test_words_before_the_rest_of_their_sentence_end_after_a_clause_s_pause(
+    kokoro: KokoroBackend, voice_id: str, words_before: str
+) -> None:
+    """The words the speech cache keeps before a code are joined to it: they end after a
+    short pause, not after the model's sentence silence (about a second in Mandarin, and a
+    breath after it), which a whole sentence keeps; every word is in the audio kept."""
+    voice = kokoro.resolve_voice(VoiceSettings(voice_id))
+    call = tokenize(kokoro.phonemes(words_before, voice))[0]
+    assert kokoro.model is not None
+    frames, _ = kokoro.model.front(call.ids, voice.pack[len(call.ids) - 1], 1.0)
+    cut, words = speak(kokoro, voice_id, words_before)
+    predicted = (int(frames.sum()) - leading_cut(frames)) * 600
+    # (a word's last frames fade under -40 dBFS before the kept pause begins)
+    assert trailing_quiet_frames(cut) <= TRAIL_KEEP_FRAMES + 3
+    if voice_id.startswith("zh"):
+        assert (predicted - len(cut)) / SAMPLE_RATE > 0.5, (predicted, len(cut))
+    assert 0 < len(cut) < predicted
+    assert words and all(w.end_s <= len(cut) / SAMPLE_RATE for w in words)
+    assert -32 < level_dbfs(cut) < -8  # the words themselves are all there
 
 
 def test_speed_shortens_the_audio(kokoro: KokoroBackend) -> None:

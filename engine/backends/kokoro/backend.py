@@ -51,7 +51,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -73,6 +73,7 @@ from engine.backends.kokoro import assets, pieces
 from engine.backends.kokoro.g2p import MandarinG2P, Token, english
 from engine.backends.kokoro.model import SAMPLE_RATE, KokoroModel, SplitModel, to_int16, tokenize
 from engine.ipc.schema import Capabilities, VoiceInfo
+from engine.text import SENTENCE_END
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,52 @@ LEAD_KEEP_FRAMES: Final = 8
 def leading_cut(frames: npt.NDArray[np.int64] | None) -> int:
     """Frames of silence to cut from the start of a call's audio."""
     return 0 if frames is None or not len(frames) else max(0, int(frames[0]) - LEAD_KEEP_FRAMES)
+
+
+# A segment that does not end its sentence (the words before an amount or a code, kept by
+# the speech cache and joined to the rest; a clause cut for first audio) continues after a
+# clause's pause, not a sentence's. The model ends every call with its silence all the
+# same: 0.8-1 s in Mandarin (0.2-0.4 s in English), which joined a cached "您的验证码是" to
+# its code with a 1.1 s hole (the recognizer's CER of such sentences 0.255 against 0.118
+# whole: tests/bench/composed.py). Such a call's trailing quiet is cut to
+# TRAIL_KEEP_FRAMES, found on the front's energy curve before anything is decoded.
+TRAIL_KEEP_FRAMES: Final = 6
+# Quiet: the front's energy (a log scale: the loudest frames 8-9.5, digital silence about
+# -9.6) this far below the segment's loudest, about 40 dB down in the decoded audio.
+QUIET_BELOW_PEAK: Final = 7.0
+
+
+# A sentence's end as the engine's segments write it (normalized: ASCII), and as text
+# given to the backend directly may (full-width and ideographic forms, an ellipsis).
+_SENTENCE_ENDS: Final = SENTENCE_END | frozenset("。！？；…")
+
+
+def continues_sentence(text: str) -> bool:
+    """Whether the segment ``text`` stops before its sentence's end."""
+    end = text.rstrip(" \t\n\"'”’」』)）")[-1:]
+    return bool(end) and end not in _SENTENCE_ENDS
+
+
+def trailing_end(loudness: npt.NDArray[np.floating], begin: int) -> int:
+    """The frame to decode up to for a segment that continues its sentence: the last frame
+    boundary that is not quiet (``loudness``, one value per boundary:
+    :func:`engine.backends.kokoro.pieces.boundary_loudness`), plus TRAIL_KEEP_FRAMES."""
+    frames = len(loudness) - 1
+    loud = np.nonzero(loudness > float(np.max(loudness)) - QUIET_BELOW_PEAK)[0]
+    last = int(loud[-1]) if len(loud) else frames
+    return max(begin + 1, min(frames, last + TRAIL_KEEP_FRAMES))
+
+
+def trailing_samples(audio: npt.NDArray[np.floating], hop: int, floor: float = 1e-3) -> int:
+    """The same for a whole-graph call's decoded audio (no energy curve): samples up to
+    the last frame whose peak is above ``floor``, plus TRAIL_KEEP_FRAMES."""
+    frames = len(audio) // hop
+    if frames == 0:
+        return len(audio)
+    peaks = np.abs(audio[: frames * hop]).reshape(frames, hop).max(axis=1)
+    loud = np.nonzero(peaks > floor)[0]
+    last = int(loud[-1]) + 1 if len(loud) else frames
+    return min(len(audio), (last + TRAIL_KEEP_FRAMES) * hop)
 
 
 GRAPHS: Final = ("auto", "float", "int8")
@@ -271,7 +318,11 @@ class KokoroBackend:
         self._active = 0
         self._lock = threading.Lock()
         decoding = self._decoding().split("/")[0]
-        self.version = f"kokoro/{self.digest[:12]}/{decoding}/" + ",".join(s.pack for s in specs)
+        # ("clause-tail": a segment that continues its sentence ends after a clause's
+        # pause, TRAIL_KEEP_FRAMES; entries made before that are not served)
+        self.version = f"kokoro/{self.digest[:12]}/{decoding}/clause-tail/" + ",".join(
+            s.pack for s in specs
+        )
         self._mandarin = MandarinG2P()
         if any(s.language.startswith("zh") for s in specs):
             self._mandarin.load()  # about 1 s (jieba): not on a caller's first audio
@@ -376,13 +427,17 @@ class KokoroBackend:
         """One job's audio, emitted; its words, or None when ``emit`` stopped it."""
         timed: list[WordTiming] = []
         offset_s = 0.0
-        for number, call in enumerate(tokenize(self.phonemes(job.text, voice))):
+        calls = tokenize(self.phonemes(job.text, voice))
+        clause, last_call = continues_sentence(job.text), len(calls) - 1
+        for number, call in enumerate(calls):
             style = voice.pack[min(len(call.ids), assets.PACK_ROWS) - 1]
             if self.model is None:
                 assert self.exported is not None
                 audio, frames = self.exported.run(call.ids, style, voice.speed)
                 lead = leading_cut(frames) * self.hop
                 audio = audio[lead:]
+                if clause and number == last_call:
+                    audio = audio[: trailing_samples(audio, self.hop)]
                 if not emit(index, to_int16(audio)):
                     return None
                 samples = audio.size
@@ -394,29 +449,37 @@ class KokoroBackend:
                 in_pieces = self.pieces == "on" or (
                     self.pieces == "leading" and job.leading and number == 0
                 )
-                for chunk in self._decode(features, leading_cut(frames), first_session, in_pieces):
+                begin = leading_cut(frames)
+                end = features.frames
+                if clause and number == last_call:
+                    end = trailing_end(pieces.boundary_loudness(features.energy), begin)
+                for chunk in self._decode(features, begin, end, first_session, in_pieces):
                     samples += chunk.size
                     if not emit(index, to_int16(chunk)):
                         return None
             if frames is not None and self.hop:
-                timed += self._word_times(call.words, frames, offset_s - lead / SAMPLE_RATE)
+                # (a word's end stays within the audio its call kept)
+                ends = offset_s + samples / SAMPLE_RATE
+                words = self._word_times(call.words, frames, offset_s - lead / SAMPLE_RATE)
+                timed += [w if w.end_s <= ends else replace(w, end_s=ends) for w in words]
             offset_s += samples / SAMPLE_RATE
         return timed
 
-    def _decode(self, features: pieces.Features, begin: int, session: Any, in_pieces: bool) -> Any:
-        """The audio of frames ``begin`` onwards, one array per piece as it is decoded
+    def _decode(
+        self, features: pieces.Features, begin: int, end: int, session: Any, in_pieces: bool
+    ) -> Any:
+        """The audio of frames ``begin`` .. ``end``, one array per piece as it is decoded
         (one piece unless ``in_pieces``); ``session``: the decoder session of the first
-        piece (None: the shared one)."""
+        piece (None: the shared one). Frames after ``end`` are quiet: not decoded."""
         model = self.model
         assert model is not None
-        total = features.frames
         if in_pieces:
             plan = pieces.schedule(
-                total, begin, pieces.FIRST_PIECE, pieces.PLAN_PACE,
-                quiet=pieces.boundary_loudness(features.energy),
+                end, begin, pieces.FIRST_PIECE, pieces.PLAN_PACE,
+                quiet=pieces.boundary_loudness(features.energy)[: end + 1],
             )  # fmt: skip
         else:
-            plan = [pieces.Piece(begin, total, 0, total)]
+            plan = [pieces.Piece(begin, end, 0, end)]
         used = [session]
 
         def decoder(lo: int, hi: int, given: Any) -> Any:
