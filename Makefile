@@ -127,7 +127,8 @@ $(BENCH_STAMP): $(STAMP) $(COSYVOICE2_STAMP) $(KOKORO_STAMP)
 # The standard benchmark matrix (docs/benchmarks.md): gateway against the naive baseline
 # at 1, 50, 200 and 500 calls, then VAD throughput, barge-in latency and the voice cache,
 # then the neural voice (offline ceiling, realtime concurrency, burst, scaling), Kokoro's
-# cost beside Piper's (offline pace, time by graph part, first audio of openings) and the
+# cost beside Piper's (offline pace, time by graph part, first audio of openings), the speech
+# cache under a bank IVR's mix and its composed sentences heard against whole ones, and the
 # intelligibility of every built-in voice over the telephone (PocketSphinx, and Whisper
 # base for English and Mandarin), then SIP calls against Twilio legs,
 # then every telephony leg side by side (Twilio, Asterisk, jambonz, FreeSWITCH, AudioSocket, SIP),
@@ -144,6 +145,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.kokoro --out bench-results/kokoro.json
 	$(PY) -m tests.bench.kokoro_calls --out bench-results
 	$(PY) -m tests.bench.speech_cache --langs en zh --calls 20 100 200 --burst 30 --out bench-results
+	$(PY) -m tests.bench.composed --out bench-results
 	$(PY) -m tests.bench.intelligibility --out bench-results/intelligibility.json
 	$(PY) -m tests.bench.sip_calls
 	$(PY) -m tests.bench.legs
