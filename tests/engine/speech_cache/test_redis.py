@@ -315,6 +315,6 @@ def test_watchdog_answers_when_the_store_hangs_past_the_timeout(
 
 def test_the_default_prefix_is_versioned() -> None:
     """Entries of the unsealed format (``speechcache:v1:``) are never read as sealed."""
-    from engine.speech_cache.redis_store import DEFAULT_PREFIX
+    from engine.speech_cache.settings import DEFAULT_PREFIX
 
     assert DEFAULT_PREFIX.endswith(":v2:")
