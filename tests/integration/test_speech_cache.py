@@ -195,8 +195,11 @@ async def test_the_same_text_twice_is_the_same_bytes_and_events_the_second_a_hit
 async def test_a_partial_hit_plays_the_cached_sentence_then_the_new_one_in_order(
     gateway: GatewayProcess,
 ) -> None:
-    opening = "Good morning, and welcome."
-    rest = "Your balance is twenty three dollars and fifty cents."
+    # The cached opening (one segment, about 2 s) plays at once only when the new sentence
+    # can follow it in time (engine/scheduler/policy.py cached_start, priced at the lane's
+    # measured pace): a short new sentence, so that it can even on a loaded machine.
+    opening = "Good morning and welcome to our bank."
+    rest = "Thank you for calling."
     alone = await _call(gateway, opening)  # cached now
     hits, _ = await _counts(gateway)
     both = await _call(gateway, f"{opening} {rest}")
@@ -208,8 +211,8 @@ async def test_a_partial_hit_plays_the_cached_sentence_then_the_new_one_in_order
     assert both.frames[: len(whole)] == whole
     assert len(both.pcm) > len(alone.pcm) + 16000  # the second sentence: over 0.5 s more
     spoken = [w["text"].lower().strip(".,") for w in both.words]
-    assert spoken[:4] == ["good", "morning", "and", "welcome"]
-    assert spoken.index("balance") > 3
+    assert spoken[:7] == ["good", "morning", "and", "welcome", "to", "our", "bank"]
+    assert spoken.index("calling") > 6
     starts = [w["start_ms"] for w in both.words]
     assert starts == sorted(starts)
     again = await _call(gateway, f"{opening} {rest}")  # both sentences cached now
