@@ -64,13 +64,69 @@ def test_each_piece_is_decoded_before_the_audio_before_it_runs_out() -> None:
             if piece.end < 400:  # the last may hold a short tail merged into it
                 assert cost <= buffered, (pace, piece)
             buffered = buffered - cost + piece.end - piece.start
-    # too slow to keep ahead of a 0.4 s first piece: the rest at once
-    assert len(pieces.schedule(400, 10, 16, 1.2)) == 2
+    # too slow to keep ahead of a 0.4 s first piece: no whole rest, the first audio held
+    plan = pieces.schedule(400, 10, 16, 1.2)
+    assert covers(plan, 10, 400) and len(plan) > 2
+    assert pieces.release_after(plan, 1.2) > 0
+    # slower than real time: steady pieces
+    plan = pieces.schedule(400, 10, 16, 0.8)
+    assert {p.end - p.start for p in plan[1:-1]} == {pieces.STEADY_PIECE}
 
 
-def test_a_worker_slower_than_real_time_decodes_the_rest_in_one_piece() -> None:
-    plan = pieces.schedule(300, 10, 16, 0.8)
-    assert len(plan) == 2 and covers(plan, 10, 300)
+def late_frames(plan: list[pieces.Piece], pace: float, release: int) -> float:
+    """How late the latest piece arrives (frames; <= 0: none late), decoded one after
+    another at ``pace`` and played from when piece ``release`` is decoded."""
+    done, clock = [], 0.0
+    for piece in plan:
+        clock += (piece.hi - piece.lo) / pace
+        done.append(clock)
+    start = done[release]
+    later = range(release + 1, len(plan))
+    return max((done[i] - (start + plan[i].start - plan[0].start) for i in later), default=-1e9)
+
+
+def test_a_slow_worker_holds_the_first_audio_until_the_rest_keeps_ahead() -> None:
+    for pace in (0.5, 0.8, 0.95, 1.2):
+        plan = pieces.schedule(300, 10, 40, pace)
+        assert covers(plan, 10, 300) and len(plan) > 2
+        release = pieces.release_after(plan, pace)
+        assert 0 < release < len(plan) - 1  # held, yet before the segment is whole
+        assert late_frames(plan, pace, release) <= -pieces.RELEASE_MARGIN
+        assert late_frames(plan, pace, release - 1) > -pieces.RELEASE_MARGIN  # no earlier
+    # a worker that keeps ahead: the first piece goes at once
+    plan = pieces.schedule(300, 10, 40, 3.0)
+    assert pieces.release_after(plan, 3.0) == 0
+    assert late_frames(plan, 3.0, 0) <= -pieces.RELEASE_MARGIN
+    # no pace at all: the segment whole
+    assert pieces.release_after(plan, 0.0) == len(plan) - 1
+
+
+def test_held_pieces_go_out_together_once_the_release_piece_is_decoded() -> None:
+    plan = pieces.schedule(300, 10, 40, 0.8)
+    decoded: list[int] = []
+
+    def decoder(lo: int, hi: int, _given: Any) -> Any:
+        decoded.append(lo)
+        return np.ones((hi - lo) * 600, dtype=np.float32), []
+
+    out = pieces.decode(plan, decoder, 600, "own", release=2)
+    first = next(out)
+    assert len(decoded) == 3 and first.size > 0  # pieces 0..2 decoded before any audio
+    rest = [first, *out]
+    assert len(rest) == len(plan) and sum(a.size for a in rest) == (300 - 10) * 600
+
+
+def test_the_pace_meter_falls_fast_and_rises_slowly() -> None:
+    meter = pieces.PaceMeter(2.0)
+    meter.observe(1.0, 1.0)  # a piece at real time: half way down at once
+    assert meter.pace == pytest.approx(1.5)
+    meter.observe(4.0, 1.0)
+    assert meter.pace == pytest.approx(1.5 + 0.2 * 2.5)
+    assert meter.plan_pace() == pytest.approx(meter.pace / pieces.PACE_SAFETY)
+    meter.observe(0.0, 1.0)  # nothing measured: no change
+    assert meter.pace == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        pieces.PaceMeter(0.0)
 
 
 def test_joins_move_to_the_quietest_boundary_nearby() -> None:
@@ -181,6 +237,12 @@ def test_the_phase_runs_on_across_pieces(kokoro: KokoroBackend, segment: dict[st
     )
 
 
+def set_pace(monkeypatch: pytest.MonkeyPatch, kokoro: KokoroBackend, pace: float) -> None:
+    """The pace both decoder sessions measured (the shared one and the lone call's)."""
+    monkeypatch.setattr(kokoro, "pace", pieces.PaceMeter(pace))
+    monkeypatch.setattr(kokoro, "idle_pace", pieces.PaceMeter(pace))
+
+
 def speak(kokoro: KokoroBackend, text: str, voice_id: str, stop_after: int | None = None) -> Any:
     voice = kokoro.resolve_voice(VoiceSettings(voice_id))
     chunks: list[np.ndarray] = []
@@ -253,9 +315,46 @@ def test_a_stop_after_the_first_piece_decodes_no_more(
         return decode(*args, **kw)
 
     monkeypatch.setattr(kokoro, "pieces", "on")
+    set_pace(monkeypatch, kokoro, 8.0)  # keeps ahead: no hold
     monkeypatch.setattr(kokoro.model, "decode", counted)
     chunks, words = speak(kokoro, SENTENCE, "zh-yunxi", stop_after=1)
     assert len(chunks) == 1 and len(runs) == 1 and not words
+
+
+@needs_model
+def test_a_decoder_slower_than_the_audio_holds_the_first_piece_back(
+    kokoro: KokoroBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pace measured on this machine below real time: the first audio waits until
+    the rest can follow without a hole, and the audio is the same length."""
+    assert kokoro.model is not None
+    runs: list[int] = []
+    decode = kokoro.model.decode
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        runs.append(1)
+        return decode(*args, **kw)
+
+    monkeypatch.setattr(kokoro, "pieces", "on")
+    monkeypatch.setattr(kokoro.model, "decode", counted)
+    set_pace(monkeypatch, kokoro, 0.6 * pieces.PACE_SAFETY)
+    voice = kokoro.resolve_voice(VoiceSettings("zh-yunxi"))
+    decoded_at_emit: list[int] = []
+    whole: list[np.ndarray] = []
+
+    def emit(_index: int, pcm: np.ndarray) -> bool:
+        decoded_at_emit.append(len(runs))
+        whole.append(pcm)
+        return True
+
+    kokoro.synthesize_batch([SynthesisJob(SENTENCE, voice, leading=True)], emit)
+    held = decoded_at_emit[0]
+    assert held > 2  # several pieces decoded before the first audio went out
+    assert decoded_at_emit[:held] == [held] * held  # ... and out together
+    assert len(whole) == len(runs)  # then each piece as it is decoded
+    set_pace(monkeypatch, kokoro, 8.0)
+    fast, _ = speak(kokoro, SENTENCE, "zh-yunxi")
+    assert sum(c.size for c in whole) == sum(c.size for c in fast)
 
 
 @needs_model
@@ -272,15 +371,21 @@ def test_the_cache_identity_names_the_graph_and_the_decoding(
 
 
 @needs_model
-def test_a_lone_first_segment_on_two_threads_sounds_the_same(kokoro: KokoroBackend) -> None:
+def test_a_lone_synthesis_on_two_threads_sounds_the_same(kokoro: KokoroBackend) -> None:
+    """Alone, a synthesis decodes on the two-thread session; beside another call (one
+    counted as running), on the shared one: the same audio."""
     assert kokoro.idle() and kokoro._idle_session is not None
     voice = kokoro.resolve_voice(VoiceSettings("zh-yunxi"))
     out: dict[bool, list[np.ndarray]] = {True: [], False: []}
-    for leading in (True, False):
+    for alone in (True, False):
 
-        def keep(_index: int, pcm: np.ndarray, into: list[np.ndarray] = out[leading]) -> bool:
+        def keep(_index: int, pcm: np.ndarray, into: list[np.ndarray] = out[alone]) -> bool:
             into.append(pcm)
             return True
 
-        kokoro.synthesize_batch([SynthesisJob(SENTENCE, voice, leading=leading)], keep)
+        kokoro._active += 0 if alone else 1
+        try:
+            kokoro.synthesize_batch([SynthesisJob(SENTENCE, voice, leading=True)], keep)
+        finally:
+            kokoro._active -= 0 if alone else 1
     np.testing.assert_array_equal(np.concatenate(out[True]), np.concatenate(out[False]))

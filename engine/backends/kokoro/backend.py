@@ -35,7 +35,7 @@ whole: first audio within half a second, at most one piece's join in an utteranc
 
 Threads: ``threads`` calls at once on one shared decoder session, one core each. With
 two workers or more, a second decoder session on :data:`IDLE_THREADS` threads decodes an
-utterance's first segment (``leading``) while no other call runs (:meth:`idle`), so that
+a synthesis (its every decode) while no other call runs (:meth:`idle`), so that
 a lone caller's first audio uses both cores.
 
 Speech cache (:meth:`KokoroBackend.cache_identity`): keyed by the sha256 of the graph that
@@ -50,6 +50,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -72,6 +73,7 @@ from engine.backends.base import (
 from engine.backends.kokoro import assets, pieces
 from engine.backends.kokoro.g2p import MandarinG2P, Token, english
 from engine.backends.kokoro.model import SAMPLE_RATE, KokoroModel, SplitModel, to_int16, tokenize
+from engine.backends.kokoro.pieces import PLAN_PACE, PaceMeter
 from engine.ipc.schema import Capabilities, VoiceInfo
 from engine.text import SENTENCE_END
 
@@ -204,7 +206,7 @@ def trailing_samples(audio: npt.NDArray[np.floating], hop: int, floor: float = 1
 
 
 GRAPHS: Final = ("auto", "float", "int8")
-IDLE_THREADS: Final = 2  # threads of the decoder session for a lone first segment
+IDLE_THREADS: Final = 2  # threads of the decoder session for a lone synthesis
 VNNI_FLAGS: Final = frozenset({"avx512_vnni", "avx_vnni"})
 
 
@@ -315,6 +317,10 @@ class KokoroBackend:
         else:
             self.exported = KokoroModel(data)
             self.hop = self.exported.hop
+        # the shared decoder session's pace on this machine under its current load
+        warm = self.model.warm_pace if self.model is not None else 0.0
+        self.pace = PaceMeter(warm if warm > 0.0 else PLAN_PACE)
+        self.idle_pace = PaceMeter(warm if warm > 0.0 else PLAN_PACE)  # the idle session's
         self._active = 0
         self._lock = threading.Lock()
         decoding = self._decoding().split("/")[0]
@@ -329,7 +335,7 @@ class KokoroBackend:
         log.info(
             "kokoro: %d voices, %s graph (%s), decoded %s, hop %d%s",
             len(specs), self.graph, self.digest[:12], decoding, self.hop,
-            f", {idle_threads} threads for a lone first segment" if self._idle_session else "",
+            f", {idle_threads} threads for a lone synthesis" if self._idle_session else "",
         )  # fmt: skip
 
     def voices(self) -> Sequence[VoiceInfo]:
@@ -370,18 +376,10 @@ class KokoroBackend:
             return "whole"
         return (
             f"{'pieces' if self.pieces == 'on' else 'leading-pieces'}"
-            f"/first{pieces.FIRST_PIECE}/pace{pieces.PLAN_PACE}/context"
+            f"/first{pieces.FIRST_PIECE}/steady{pieces.STEADY_PIECE}/pace-measured/context"
             f"{pieces.LEFT_CONTEXT},{pieces.RIGHT_CONTEXT}/snap{pieces.SNAP_FRAMES}"
             f"/crossfade{pieces.CROSSFADE}/own"
         )
-
-    @property
-    def piece_pace(self) -> float | None:
-        """In pieces, the pace (audio seconds one worker decodes per second, context
-        included) the schedule counts on for each piece to arrive before the audio before
-        it runs out: a worker slower than that (more calls than cores) leaves holes in the
-        middle of a segment. None when segments are decoded whole."""
-        return None if self.pieces == "off" else pieces.PLAN_PACE
 
     def idle(self) -> bool:
         """Whether no synthesis runs now."""
@@ -413,7 +411,7 @@ class KokoroBackend:
                 assert isinstance(voice, KokoroVoice)
                 if len(job.text) > self.max_text_chars:
                     raise BackendError("text_too_long", f"segment over {self.max_text_chars} chars")
-                session = self._idle_session if (alone and job.leading) else None
+                session = self._idle_session if alone else None
                 timed = self._synthesize_job(index, job, voice, emit, session)
                 if timed is not None and words is not None and timed:
                     words(index, timed)
@@ -445,7 +443,6 @@ class KokoroBackend:
                 frames, features = self.model.front(call.ids, style, voice.speed)
                 lead = leading_cut(frames) * self.hop
                 samples = 0
-                first_session = session if number == 0 else None
                 in_pieces = self.pieces == "on" or (
                     self.pieces == "leading" and job.leading and number == 0
                 )
@@ -453,7 +450,7 @@ class KokoroBackend:
                 end = features.frames
                 if clause and number == last_call:
                     end = trailing_end(pieces.boundary_loudness(features.energy), begin)
-                for chunk in self._decode(features, begin, end, first_session, in_pieces):
+                for chunk in self._decode(features, begin, end, session, in_pieces):
                     samples += chunk.size
                     if not emit(index, to_int16(chunk)):
                         return None
@@ -469,24 +466,32 @@ class KokoroBackend:
         self, features: pieces.Features, begin: int, end: int, session: Any, in_pieces: bool
     ) -> Any:
         """The audio of frames ``begin`` .. ``end``, one array per piece as it is decoded
-        (one piece unless ``in_pieces``); ``session``: the decoder session of the first
-        piece (None: the shared one). Frames after ``end`` are quiet: not decoded."""
+        (one piece unless ``in_pieces``); ``session``: the decoder session (None: the
+        shared one). Frames after ``end`` are quiet: not decoded."""
         model = self.model
         assert model is not None
+        meter = self.pace if session is None else self.idle_pace
+        release = 0
         if in_pieces:
+            with self._lock:
+                pace = meter.plan_pace()
             plan = pieces.schedule(
-                end, begin, pieces.FIRST_PIECE, pieces.PLAN_PACE,
+                end, begin, pieces.FIRST_PIECE, pace,
                 quiet=pieces.boundary_loudness(features.energy)[: end + 1],
             )  # fmt: skip
+            release = pieces.release_after(plan, pace)
         else:
             plan = [pieces.Piece(begin, end, 0, end)]
-        used = [session]
 
         def decoder(lo: int, hi: int, given: Any) -> Any:
-            first_run, used[0] = used[0], None
-            return model.decode(features, lo, hi, given, first_run)
+            started = time.perf_counter()
+            decoded = model.decode(features, lo, hi, given, session)
+            seconds = time.perf_counter() - started
+            with self._lock:
+                meter.observe((hi - lo) * self.hop / SAMPLE_RATE, seconds)
+            return decoded
 
-        return pieces.decode(plan, decoder, self.hop, "own")
+        return pieces.decode(plan, decoder, self.hop, "own", release)
 
     def _word_times(
         self, spans: Sequence[tuple[str, int, int]], frames: npt.NDArray[np.int64], at: float

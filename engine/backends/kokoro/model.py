@@ -14,6 +14,7 @@ prosody predictor under 1 %, decoder 96 %).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -151,6 +152,12 @@ class SplitModel:
         audio, _ = self.decode(features, 0, features.frames, None)
         if frames.sum() > 0:
             self.hop = round(audio.size / float(frames.sum()))
+        # the decoder's pace on this machine, one thread, from a second (warm) run: where
+        # a schedule of pieces starts before any segment was timed
+        started = time.perf_counter()
+        audio, _ = self.decode(features, 0, features.frames, None)
+        seconds = time.perf_counter() - started
+        self.warm_pace = audio.size / SAMPLE_RATE / seconds if seconds > 0 else 0.0
 
     def decoder_session(self, threads: int) -> Any:
         """Another session of the decoder graph, on ``threads`` intra-op threads."""

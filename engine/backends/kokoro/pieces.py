@@ -23,6 +23,9 @@ only the piece's own frames are kept. One frame is ``hop`` samples (600: 25 ms a
   function over the segment and pieces join as the whole decode does (no level step).
   ``own``: every piece over its own frames, the level of each later piece matched to the
   one before it where they overlap (a gain that returns to 1 over the piece).
+- The release (:func:`release_after`): the first audio goes out once enough pieces are
+  decoded that every later one arrives before the audio before it runs out, at the pace
+  a :class:`PaceMeter` measures on this machine's decoding as the load changes.
 - The joins: consecutive pieces overlap by their context; :data:`CROSSFADE` samples at
   each join are a linear crossfade of the two (both are the same audio to rounding with
   ``first`` statistics).
@@ -44,7 +47,10 @@ LEVEL_MATCH_FRAMES: Final = 4  # frames each side of a join whose levels are mat
 MIN_PIECE: Final = 8  # frames: no later piece shorter (its context would dominate)
 SNAP_FRAMES: Final = 4  # how far a join may move to a quieter boundary
 FIRST_PIECE: Final = 40  # frames of the first piece, counted from the lead cut (1 s)
-PLAN_PACE: Final = 2.0  # audio seconds a worker decodes per second, as the schedule plans
+PLAN_PACE: Final = 2.0  # the pace a schedule plans with before any piece was timed
+STEADY_PIECE: Final = 64  # frames of each later piece when the pace cannot grow them (1.6 s)
+PACE_SAFETY: Final = 1.25  # a schedule plans at the measured pace divided by this
+RELEASE_MARGIN: Final = 8  # frames (0.2 s) a piece arrives before its audio is due
 
 Stats = Literal["first", "own"]
 FloatArray = npt.NDArray[np.float32]
@@ -72,16 +78,21 @@ def schedule(
     right: int = RIGHT_CONTEXT,
     first_left: int | None = None,
     snap: int = SNAP_FRAMES,
+    margin: int = RELEASE_MARGIN,
 ) -> list[Piece]:
     """Pieces covering frames ``begin`` .. ``frames`` of a segment.
 
     The first piece holds about ``first`` frames. Each later one holds as many frames as
     the audio already out covers at ``pace`` (audio seconds decoded per second of a worker,
-    its context included): with ``b`` frames out and not yet played when it starts, about
-    ``pace * b - left - right``; a rest that fits, or one shorter than twice
-    :data:`MIN_PIECE`, joins the piece before it. Where that is under :data:`MIN_PIECE`
-    (a worker too slow for the audio out: no schedule keeps ahead, as at a ``pace`` of 1
-    or less) the rest is one piece: the fewest joins cost least.
+    its context included) with ``margin`` frames to spare: with ``b`` frames out and not
+    yet played when it starts, about ``pace * (b - margin) - left - right``; a rest that
+    fits, or one shorter than twice :data:`MIN_PIECE`, joins the piece before it. Where
+    that is under :data:`MIN_PIECE` (a worker too slow for the audio out: no schedule
+    keeps ahead, as at a ``pace`` of 1 or less) each later piece holds
+    :data:`STEADY_PIECE` frames, and the first audio waits until enough is decoded that
+    the rest keeps ahead (:func:`release_after`): a segment decoded in steady pieces can
+    start playing after about ``frames * (1 / pace - 1)``, decoded whole only after
+    ``frames / pace``.
 
     ``quiet``: the loudness of the segment at each frame boundary (``frames + 1`` values,
     any scale; :func:`boundary_loudness`): each join moves to the quietest boundary within
@@ -96,6 +107,7 @@ def schedule(
     start = begin
     target = begin + max(1, first)
     buffered = 0.0  # frames out and not yet played when the next piece starts
+    steady = False
     while True:
         end = _join(start, target, frames, quiet, snap)
         lo = max(0, start - (first_left if not pieces else left))
@@ -107,9 +119,60 @@ def schedule(
             buffered = max(0.0, buffered - (hi - lo) / pace)
         buffered += end - start
         start = end
-        room = int(pace * buffered) - left - right
-        # no piece worth its context fits: the rest at once (the fewest joins)
-        target = start + room if room >= MIN_PIECE else frames
+        room = int(pace * (buffered - margin)) - left - right
+        # no piece worth its context fits: steady pieces from here, the first audio held
+        steady = steady or room < MIN_PIECE
+        target = start + (STEADY_PIECE if steady else room)
+
+
+def release_after(plan: Sequence[Piece], pace: float, margin: int = RELEASE_MARGIN) -> int:
+    """The index of the piece after whose decoding the segment's first audio may go out
+    (every piece decoded by then goes at once), so that each later piece, decoded one
+    after another at ``pace`` (audio per second of decoding, context included), arrives
+    ``margin`` frames before the audio before it has played out. 0 when the schedule
+    keeps ahead by itself; the last piece when nothing does (the segment whole)."""
+    if pace <= 0.0:
+        return len(plan) - 1
+    done: list[float] = []  # when each piece is decoded, in frames of audio time
+    clock = 0.0
+    for piece in plan:
+        clock += (piece.hi - piece.lo) / pace
+        done.append(clock)
+    begin = plan[0].start
+    for k in range(len(plan)):
+        # released at done[k]: piece i (> k) is due at done[k] + (its start - begin)
+        if all(
+            done[i] + margin <= done[k] + plan[i].start - begin for i in range(k + 1, len(plan))
+        ):
+            return k
+    return len(plan) - 1
+
+
+class PaceMeter:
+    """A worker's decoding pace, measured: audio seconds decoded per second of decoding
+    (context included), smoothed over the pieces decoded, falling fast and rising slowly
+    (a load that arrives slows the next piece at once). What a schedule plans with:
+    :meth:`plan_pace`, the pace over :data:`PACE_SAFETY`. Not thread-safe: the caller
+    holds a lock (one float's update)."""
+
+    FALL: Final = 0.5  # weight of a slower measurement
+    RISE: Final = 0.2  # weight of a faster one
+
+    def __init__(self, initial: float = PLAN_PACE) -> None:
+        if initial <= 0.0:
+            raise ValueError("a pace is positive")
+        self.pace = initial
+
+    def observe(self, audio_s: float, seconds: float) -> None:
+        """``audio_s`` of audio (its context included) took ``seconds`` to decode."""
+        if audio_s <= 0.0 or seconds <= 0.0:
+            return
+        measured = audio_s / seconds
+        weight = self.FALL if measured < self.pace else self.RISE
+        self.pace += weight * (measured - self.pace)
+
+    def plan_pace(self) -> float:
+        return self.pace / PACE_SAFETY
 
 
 def _join(
@@ -181,11 +244,26 @@ def decode(
     decoder: Decoder,
     hop: int,
     stats: Stats = "first",
+    release: int = 0,
 ) -> Iterator[FloatArray]:
     """The audio of ``pieces`` (float, ``hop`` samples per frame), one array per piece as
     soon as it is decoded, joined as the module docstring says: the arrays joined are
     ``(pieces[-1].end - pieces[0].start) * hop`` samples, frame ``pieces[0].start`` first.
-    The caller may stop iterating after any piece: nothing more is decoded."""
+    ``release``: the pieces before this index are held back until it is decoded
+    (:func:`release_after`), then go at once. The caller may stop iterating after any
+    piece it is given: nothing more is decoded."""
+    waiting: list[FloatArray] = []
+    for index, out in enumerate(_decoded(pieces, decoder, hop, stats)):
+        waiting.append(out)
+        if index >= release:
+            yield from waiting
+            waiting.clear()
+    yield from waiting
+
+
+def _decoded(
+    pieces: Sequence[Piece], decoder: Decoder, hop: int, stats: Stats
+) -> Iterator[FloatArray]:
     given: StatsT | None = None
     held: FloatArray | None = None  # the previous piece's samples around the join
     around: FloatArray | None = None  # the previous piece's frames around the join
