@@ -16,7 +16,7 @@ from engine.ipc.schema import (
     UtteranceWords,
     WordTime,
 )
-from engine.scheduler.state import StatsCounter, Stream, Utterance
+from engine.scheduler.state import StatsCounter, Stream, Utterance, held
 
 MAX_WORD_CHARS = 64  # a "word" longer than this (a URL read out) is cut in the event
 
@@ -56,7 +56,7 @@ class OutputWriter:
             stream.busy_audio_s = max(0.0, stream.busy_audio_s - seconds)
         if stream.record is not None:
             stream.record.pcm += pcm
-        if stream.pending:
+        if stream.pending or utterance.held:
             stream.pending += pcm
         else:
             written = self._to_ring(stream, pcm)
@@ -65,11 +65,12 @@ class OutputWriter:
         self._announce(stream, utterance)
 
     def flush(self, stream: Stream) -> bool:
-        """Move what waits for ring space (boundaries, then audio) into the rings and end
-        every head utterance that is complete; True while some still waits."""
+        """Move what waits for ring space (boundaries, then audio; not the audio of a head
+        utterance held back) into the rings and end every head utterance that is
+        complete; True while some still waits."""
         while stream.pending_boundaries and stream.boundaries.append(*stream.pending_boundaries[0]):
             stream.pending_boundaries.popleft()
-        if stream.pending:
+        if stream.pending and not held(stream):
             written = self._to_ring(stream, stream.pending)
             if written:
                 del stream.pending[:written]

@@ -13,7 +13,7 @@ from typing import Literal
 
 from engine.backends.base import BatchSynthesizer
 from engine.capacity import COST_FACTOR, MARGIN_S, Pace, StreamWork, can_start, run_dry
-from engine.scheduler.state import CutSegment, Lane, Stream
+from engine.scheduler.state import CutSegment, Lane, Stream, held
 from engine.text import MIN_FIT_CHARS, split_to_fit
 
 # A playing stream goes before new utterances while it holds less unplayed audio than
@@ -38,12 +38,13 @@ CachedStart = Literal["play", "wait", "whole"]
 
 
 def has_room(stream: Stream) -> bool:
-    """Has a segment to do, and room for its audio (no backlog), and none in flight (in
-    synthesis or being looked up in the speech cache's shared level)."""
+    """Has a segment to do, and room for its audio (no backlog: audio held back is none),
+    and none in flight (in synthesis or being looked up in the speech cache's shared
+    level)."""
     return not (
         stream.busy
         or stream.fetching
-        or stream.pending
+        or (stream.pending and not held(stream))
         or stream.pending_boundaries
         or not stream.utterances
         or not stream.utterances[0].segments
@@ -196,6 +197,8 @@ class Policy:
                 may_start = may_start and self.can_start(lane, stream, chosen, now)
                 if not may_start:
                     continue
+                head = stream.utterances[0]
+                head.held = lane.seconds_per_char > 0.0 and len(segment_chars(stream)) > 1
             elif lane.gated:
                 self.fit_next_segment(lane, stream)
             key = stream_key
@@ -252,6 +255,32 @@ class Policy:
             return "play"
         since = stream.utterances[0].startable_since
         return "whole" if since is not None and now - since >= self.cached_wait_s else "wait"
+
+    def may_release(self, lane: Lane, stream: Stream, now: float) -> bool:
+        """Whether the held-back audio of ``stream``'s new utterance may go to its caller
+        now: once its first frame is heard, the rest must come without a gap, so it goes
+        when the replay (engine/capacity.py, beside the lane's other calls) has every one
+        of its later segments arrive before the audio before it runs out, or when nothing
+        of it is left to synthesize. Until then the caller waits for first audio (on a
+        machine whose worker decodes near real time, a short first clause would otherwise
+        play, then a hole while the next sentence is synthesized)."""
+        head = stream.utterances[0]
+        if not head.segments and not stream.busy:
+            return True
+        if head.start_pos is None:
+            return False  # nothing to let go yet
+        if lane.seconds_per_char == 0.0:
+            return True
+        others = [remaining_work(s, now) for s in self._committed(lane, stream)]
+        dry = run_dry(
+            [*others, remaining_work(stream, now)],
+            self._workers(lane, (), now),
+            self._pace(lane),
+            self.cost_factor,
+            self.margin_s,
+            MIN_FIT_CHARS,
+        )
+        return len(others) not in dry
 
     @staticmethod
     def _committed(lane: Lane, stream: Stream) -> list[Stream]:

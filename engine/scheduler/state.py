@@ -74,6 +74,10 @@ class Utterance:
     cut: CutSegment | None = None  # its segment in pieces, while they play
     startable_since: float | None = None  # first seen able to start (the start deadline)
     dispatched: bool = False  # a segment of it went to synthesis: the deadline is over
+    # Its audio is kept back from the ring (in the stream's ``pending``) until the rest
+    # of it can follow without a gap (Policy.may_release): a new utterance in a gated
+    # lane that measured its pace, with more than its first segment to synthesize.
+    held: bool = False
 
 
 @dataclass
@@ -234,3 +238,8 @@ class StatsCounter:
     def queued(self, utterances: int) -> None:
         with self._lock:
             self._stats.queued_utterances = utterances
+
+
+def held(stream: Stream) -> bool:
+    """Its head utterance's audio is kept back from the ring (Policy.may_release)."""
+    return bool(stream.utterances) and stream.utterances[0].held

@@ -289,3 +289,47 @@ def test_a_kokoro_lane_refuses_a_mandarin_newcomer_it_cannot_pace() -> None:
         call.utterances[0].segments.clear()
         assert call.ring.write(b"\0" * (4 * BYTES_PER_SECOND))
     assert rules.can_start(lane, new, [], now=0.0)
+
+
+def test_a_new_utterance_is_held_back_until_its_rest_can_follow() -> None:
+    """One call alone on a lane whose worker is barely faster than real time (Kokoro's
+    Mandarin on a slow CPU): its short first clause is kept back from the ring until the
+    next sentence would arrive before that audio runs out; then it all goes at once.
+    Deterministic: the replay, no clock."""
+    from engine.scheduler.output import OutputWriter
+    from engine.scheduler.state import StatsCounter
+
+    lane = make_lane(gated=True, threads=1, max_batch=1)
+    lane.seconds_per_char = 0.18  # a worker's seconds per character
+    lane.audio_per_char = 0.2  # ... for 0.2 s of audio: just faster than real time
+    clause, sentence = "所有客服人员正忙，", "您的来电对我们非常重要。"
+    stream = make_stream(lane, 1, [clause, sentence], voice="zh")
+    rules = Policy()
+    assert lane.batch is not None
+    assert rules.choose(lane, lane.batch, [stream], now=0.0) == [stream]
+    head = stream.utterances[0]
+    assert head.held
+    # the clause's 1.8 s arrives; the 12-character sentence needs 2.7 s of the worker
+    head.segments.popleft()
+    stream.busy = False
+    writer = OutputWriter(lambda _owner, _message: None, StatsCounter())
+    writer.write(stream, head, b"\0" * int(1.8 * BYTES_PER_SECOND))
+    assert writer.flush(stream) and stream.ring.readable_bytes() == 0  # kept back
+    assert not rules.may_release(lane, stream, now=0.0)
+    # the sentence in flight, done in 0.3 s: the clause can go
+    rules.mark_busy(lane, stream, now=0.0)
+    head.segments.popleft()
+    stream.busy_until = 0.3
+    assert rules.may_release(lane, stream, now=0.0)
+    head.held = False
+    writer.flush(stream)
+    assert stream.ring.readable_bytes() == int(1.8 * BYTES_PER_SECOND)
+    # nothing left to synthesize: released whatever the pace
+    stream.busy = False
+    head.held = True
+    assert rules.may_release(lane, stream, now=0.0)
+    # one segment only, or no pace yet: never held
+    lone = make_stream(lane, 2, [sentence], voice="zh")
+    lane.streams = {2: lone}
+    assert rules.choose(lane, lane.batch, [lone], now=0.0) == [lone]
+    assert not lone.utterances[0].held
