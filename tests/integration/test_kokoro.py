@@ -4,7 +4,6 @@ telephone and Opus formats, end to end with a real engine process."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -70,7 +69,10 @@ async def test_a_kokoro_utterance_streams_in_mulaw_and_opus(
     gateway: GatewayProcess, voice: str
 ) -> None:
     formats = ("mulaw_8000", "opus_48000")
-    results = await asyncio.gather(*(speak(gateway, voice, fmt) for fmt in formats))
+    # one call after the other: two Mandarin calls at once on a loaded machine may rightly
+    # be one call and one refusal (queue_timeout: the lane cannot pace both), and this
+    # test is about the formats, not the lane's capacity (tests/engine/scheduler has that)
+    results = [await speak(gateway, voice, fmt) for fmt in formats]
     try:
         for fmt, (client, done) in zip(formats, results, strict=True):
             frames = [f for _, f in client.got.frames]

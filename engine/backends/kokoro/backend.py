@@ -448,9 +448,11 @@ class KokoroBackend:
                 )
                 begin = leading_cut(frames)
                 end = features.frames
+                quiet = pieces.boundary_loudness(features.energy)
                 if clause and number == last_call:
-                    end = trailing_end(pieces.boundary_loudness(features.energy), begin)
-                for chunk in self._decode(features, begin, end, session, in_pieces):
+                    end = trailing_end(quiet, begin)
+                plan = self._plan(begin, end, quiet, session, in_pieces)
+                for chunk in self._decode(features, plan, session):
                     samples += chunk.size
                     if not emit(index, to_int16(chunk)):
                         return None
@@ -462,26 +464,30 @@ class KokoroBackend:
             offset_s += samples / SAMPLE_RATE
         return timed
 
+    def _meter(self, session: Any) -> pieces.PaceMeter:
+        return self.pace if session is None else self.idle_pace
+
+    def _plan(
+        self, begin: int, end: int, quiet: Any, session: Any, in_pieces: bool
+    ) -> tuple[list[pieces.Piece], int]:
+        """The pieces of frames ``begin`` .. ``end`` (one unless ``in_pieces``), at the
+        pace ``session`` measured, and the one after which the first audio goes out."""
+        if not in_pieces:
+            return [pieces.Piece(begin, end, 0, end)], 0
+        with self._lock:
+            pace = self._meter(session).plan_pace()
+        plan = pieces.schedule(end, begin, pieces.FIRST_PIECE, pace, quiet=quiet[: end + 1])
+        return plan, pieces.release_after(plan, pace)
+
     def _decode(
-        self, features: pieces.Features, begin: int, end: int, session: Any, in_pieces: bool
+        self, features: pieces.Features, planned: tuple[list[pieces.Piece], int], session: Any
     ) -> Any:
-        """The audio of frames ``begin`` .. ``end``, one array per piece as it is decoded
-        (one piece unless ``in_pieces``); ``session``: the decoder session (None: the
-        shared one). Frames after ``end`` are quiet: not decoded."""
+        """The audio of the ``planned`` pieces, one array per piece as it is decoded (the
+        held ones at once); ``session``: the decoder session (None: the shared one)."""
         model = self.model
         assert model is not None
-        meter = self.pace if session is None else self.idle_pace
-        release = 0
-        if in_pieces:
-            with self._lock:
-                pace = meter.plan_pace()
-            plan = pieces.schedule(
-                end, begin, pieces.FIRST_PIECE, pace,
-                quiet=pieces.boundary_loudness(features.energy)[: end + 1],
-            )  # fmt: skip
-            release = pieces.release_after(plan, pace)
-        else:
-            plan = [pieces.Piece(begin, end, 0, end)]
+        meter = self._meter(session)
+        plan, release = planned
 
         def decoder(lo: int, hi: int, given: Any) -> Any:
             started = time.perf_counter()
