@@ -33,6 +33,10 @@ def smoothed(old: float, value: float) -> float:
 
 
 CACHED_WAIT_S = 0.5
+#: A held-back utterance goes once it holds this much audio, whatever the replay says:
+#: what one stream keeps in memory is bounded (20 s: 1.9 MB at 48 kHz).
+MAX_HELD_S = 20.0
+
 #: How a new utterance whose next segment is cached may start (Policy.cached_start).
 CachedStart = Literal["play", "wait", "whole"]
 
@@ -269,6 +273,8 @@ class Policy:
             return True
         if head.start_pos is None:
             return False  # nothing to let go yet
+        if unplayed_s(stream) >= MAX_HELD_S:
+            return True  # a bound on what a stream keeps back (memory)
         if lane.seconds_per_char == 0.0:
             return True
         others = [remaining_work(s, now) for s in self._committed(lane, stream)]

@@ -131,10 +131,16 @@ async def test_a_registered_voice_stores_its_features_and_reuses_them(
     # espeak's en-us although the language is en-US.
     assert body["base_voice"] == "cosyvoice2"
     before = await metrics(gateway)
+    lengths = []
     for _ in range(2):
         client, done = await speak(gateway, voice_id, "pcm_24000")
         await client.aclose()
-        assert done["audio_ms"] >= 1000
+        lengths.append(done["audio_ms"])
+    # The tiny model's weights are random and its LLM samples, seeded by the segment and
+    # the voice (whose key is its features' digest, new with each registration): how long
+    # it speaks before its end token is chance (840 ms in one fresh run, over 1 s in the
+    # others), but the same voice says the same text the same way both times.
+    assert lengths[0] > 0 and lengths[0] == lengths[1], lengths
     after = await metrics(gateway)
     hits = "gateway_voice_cache_hits_total{level=l1}"
     assert after.get(hits, 0) - before.get(hits, 0) >= 2  # no extraction at session start

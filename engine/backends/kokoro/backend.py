@@ -34,9 +34,9 @@ first segment (``leading``), the one a caller is waiting on, and everything afte
 whole: first audio within half a second, at most one piece's join in an utterance.
 
 Threads: ``threads`` calls at once on one shared decoder session, one core each. With
-two workers or more, a second decoder session on :data:`IDLE_THREADS` threads decodes an
-a synthesis (its every decode) while no other call runs (:meth:`idle`), so that
-a lone caller's first audio uses both cores.
+two workers or more, a second decoder session on :data:`IDLE_THREADS` threads decodes a
+synthesis that starts while no other call runs (:meth:`idle`), every piece of it, so that
+a lone caller's audio uses both cores.
 
 Speech cache (:meth:`KokoroBackend.cache_identity`): keyed by the sha256 of the graph that
 runs (the int8 model's or the float graph's, both checked against their pins when they

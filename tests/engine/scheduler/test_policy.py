@@ -328,6 +328,16 @@ def test_a_new_utterance_is_held_back_until_its_rest_can_follow() -> None:
     stream.busy = False
     head.held = True
     assert rules.may_release(lane, stream, now=0.0)
+    # a long utterance on a lane that cannot keep up: released once it holds the bound
+    long = make_stream(lane, 3, [clause, *[sentence] * 40], voice="zh")
+    lane.streams = {3: long}
+    assert rules.choose(lane, lane.batch, [long], now=0.0) == [long]
+    long.utterances[0].segments.popleft()
+    long.busy = False
+    writer.write(long, long.utterances[0], b"\0" * int(5 * BYTES_PER_SECOND))
+    assert not rules.may_release(lane, long, now=0.0)
+    writer.write(long, long.utterances[0], b"\0" * int(policy.MAX_HELD_S * BYTES_PER_SECOND))
+    assert rules.may_release(lane, long, now=0.0)
     # one segment only, or no pace yet: never held
     lone = make_stream(lane, 2, [sentence], voice="zh")
     lane.streams = {2: lone}
