@@ -302,10 +302,8 @@ def test_leading_pieces_decode_only_an_utterance_s_first_segment_in_pieces(
     assert identity.startswith("leading-pieces/")
 
 
-@needs_model
-def test_a_stop_after_the_first_piece_decodes_no_more(
-    kokoro: KokoroBackend, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def decoding_in_pieces(monkeypatch: pytest.MonkeyPatch, kokoro: KokoroBackend) -> list[int]:
+    """Every segment in pieces; the list returned gets an item per decoder run."""
     assert kokoro.model is not None
     runs: list[int] = []
     decode = kokoro.model.decode
@@ -315,8 +313,16 @@ def test_a_stop_after_the_first_piece_decodes_no_more(
         return decode(*args, **kw)
 
     monkeypatch.setattr(kokoro, "pieces", "on")
-    set_pace(monkeypatch, kokoro, 8.0)  # keeps ahead: no hold
     monkeypatch.setattr(kokoro.model, "decode", counted)
+    return runs
+
+
+@needs_model
+def test_a_stop_after_the_first_piece_decodes_no_more(
+    kokoro: KokoroBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = decoding_in_pieces(monkeypatch, kokoro)
+    set_pace(monkeypatch, kokoro, 8.0)  # keeps ahead: no hold
     chunks, words = speak(kokoro, SENTENCE, "zh-yunxi", stop_after=1)
     assert len(chunks) == 1 and len(runs) == 1 and not words
 
@@ -327,16 +333,7 @@ def test_a_decoder_slower_than_the_audio_holds_the_first_piece_back(
 ) -> None:
     """The pace measured on this machine below real time: the first audio waits until
     the rest can follow without a hole, and the audio is the same length."""
-    assert kokoro.model is not None
-    runs: list[int] = []
-    decode = kokoro.model.decode
-
-    def counted(*args: Any, **kw: Any) -> Any:
-        runs.append(1)
-        return decode(*args, **kw)
-
-    monkeypatch.setattr(kokoro, "pieces", "on")
-    monkeypatch.setattr(kokoro.model, "decode", counted)
+    runs = decoding_in_pieces(monkeypatch, kokoro)
     set_pace(monkeypatch, kokoro, 0.6 * pieces.PACE_SAFETY)
     voice = kokoro.resolve_voice(VoiceSettings("zh-yunxi"))
     decoded_at_emit: list[int] = []
