@@ -72,10 +72,41 @@ def can_start(
     fits, of at least this many characters (None: segments are never cut)."""
     if not committed:
         return True
+    return joins_without_harm(
+        new, committed, workers_free_in, pace, cost_factor, margin_s, min_piece_chars
+    )
+
+
+def joins_without_harm(
+    new: StreamWork,
+    others: Sequence[StreamWork],
+    workers_free_in: Sequence[float],
+    pace: Pace,
+    cost_factor: float = COST_FACTOR,
+    margin_s: float = MARGIN_S,
+    min_piece_chars: int | None = None,
+) -> bool:
+    """Whether ``new``, replayed beside ``others`` on the lane's workers, keeps its own
+    pace (:func:`keeps_pace`) and makes no other stream run dry that would not run dry
+    without it (the rule of :func:`can_start`, without its empty-lane shortcut)."""
     args = (workers_free_in, pace, cost_factor, margin_s, min_piece_chars)
-    before = run_dry(committed, *args)
-    after = run_dry([*committed, new], *args)
-    return len(committed) not in after and after <= before
+    after = run_dry([*others, new], *args)
+    return len(others) not in after and after <= run_dry(others, *args)
+
+
+def keeps_pace(
+    stream: StreamWork,
+    others: Sequence[StreamWork],
+    workers_free_in: Sequence[float],
+    pace: Pace,
+    cost_factor: float = COST_FACTOR,
+    margin_s: float = MARGIN_S,
+    min_piece_chars: int | None = None,
+) -> bool:
+    """Whether every later segment of ``stream`` arrives before its audio runs out, its
+    work replayed beside ``others`` on the lane's workers (:func:`run_dry`)."""
+    args = (workers_free_in, pace, cost_factor, margin_s, min_piece_chars)
+    return len(others) not in run_dry([*others, stream], *args)
 
 
 def run_dry(

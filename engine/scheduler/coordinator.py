@@ -453,9 +453,7 @@ class Scheduler:
             stream = self._streams.get(slot)
             if stream is None:
                 continue  # closed
-            head = stream.utterances[0] if stream.utterances else None
-            if head is not None and head.held:
-                head.held = not self._policy.may_release(stream.lane, stream, now)
+            self._policy.recheck_release(stream, now)
             if self._output.flush(stream):
                 self._dirty[slot] = None  # waiting for ring space: retry next pass
             if stream.utterances and stream.utterances[0].segments:

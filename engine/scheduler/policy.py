@@ -12,7 +12,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from engine.backends.base import BatchSynthesizer
-from engine.capacity import COST_FACTOR, MARGIN_S, Pace, StreamWork, can_start, run_dry
+from engine.capacity import (
+    COST_FACTOR,
+    MARGIN_S,
+    Pace,
+    StreamWork,
+    can_start,
+    joins_without_harm,
+    keeps_pace,
+)
 from engine.scheduler.state import CutSegment, Lane, Stream, held
 from engine.text import MIN_FIT_CHARS, split_to_fit
 
@@ -33,6 +41,11 @@ def smoothed(old: float, value: float) -> float:
 
 
 CACHED_WAIT_S = 0.5
+#: A held-back utterance whose own progress has not changed is weighed again (a replay
+#: of its lane) at most this often: the coordinator polls streams that wait for ring
+#: space every few milliseconds, and a held one waits so; the lane's other changes (a
+#: worker freed, a call ended) reach it within this.
+RELEASE_RECHECK_S = 0.05
 #: A held-back utterance goes once it holds this much audio, whatever the replay says:
 #: what one stream keeps in memory is bounded (20 s: 1.9 MB at 48 kHz).
 MAX_HELD_S = 20.0
@@ -249,16 +262,27 @@ class Policy:
         new = StreamWork(rest, unplayed_s=leading_s, heard=True)
         pace = self._pace(lane)
         fit = (self.cost_factor, self.margin_s, MIN_FIT_CHARS)
-        if run_dry([new], [0.0] * lane.threads, pace, *fit):
+        if not keeps_pace(new, [], [0.0] * lane.threads, pace, *fit):
             return "whole"  # even a free lane could not follow it in time
         streams = [remaining_work(s, now) for s in committed]
-        workers = self._workers(lane, (), now)
-        before = run_dry(streams, workers, pace, *fit)
-        after = run_dry([*streams, new], workers, pace, *fit)
-        if len(streams) not in after and after <= before:
+        if joins_without_harm(new, streams, self._workers(lane, (), now), pace, *fit):
             return "play"
         since = stream.utterances[0].startable_since
         return "whole" if since is not None and now - since >= self.cached_wait_s else "wait"
+
+    def recheck_release(self, stream: Stream, now: float) -> None:
+        """Let ``stream``'s held-back audio go if :meth:`may_release` says so, weighing it
+        again when its utterance made progress since the last time, or
+        :data:`RELEASE_RECHECK_S` after it."""
+        if not held(stream):
+            return
+        head = stream.utterances[0]
+        progress = (len(head.segments), stream.busy, head.samples)
+        last = head.release_checked
+        if last is not None and last[1] == progress and now - last[0] < RELEASE_RECHECK_S:
+            return
+        head.release_checked = (now, progress)
+        head.held = not self.may_release(stream.lane, stream, now)
 
     def may_release(self, lane: Lane, stream: Stream, now: float) -> bool:
         """Whether the held-back audio of ``stream``'s new utterance may go to its caller
@@ -277,16 +301,15 @@ class Policy:
             return True  # a bound on what a stream keeps back (memory)
         if lane.seconds_per_char == 0.0:
             return True
-        others = [remaining_work(s, now) for s in self._committed(lane, stream)]
-        dry = run_dry(
-            [*others, remaining_work(stream, now)],
+        return keeps_pace(
+            remaining_work(stream, now),
+            [remaining_work(s, now) for s in self._committed(lane, stream)],
             self._workers(lane, (), now),
             self._pace(lane),
             self.cost_factor,
             self.margin_s,
             MIN_FIT_CHARS,
         )
-        return len(others) not in dry
 
     @staticmethod
     def _committed(lane: Lane, stream: Stream) -> list[Stream]:

@@ -78,6 +78,9 @@ class Utterance:
     # of it can follow without a gap (Policy.may_release): a new utterance in a gated
     # lane that measured its pace, with more than its first segment to synthesize.
     held: bool = False
+    # When the release was last weighed, and the utterance's progress then (segments
+    # left, in flight, samples made): Policy.recheck_release.
+    release_checked: tuple[float, tuple[int, bool, int]] | None = None
 
 
 @dataclass

@@ -4,6 +4,7 @@ clock (``now`` is passed), real rings."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -343,3 +344,49 @@ def test_a_new_utterance_is_held_back_until_its_rest_can_follow() -> None:
     lane.streams = {2: lone}
     assert rules.choose(lane, lane.batch, [lone], now=0.0) == [lone]
     assert not lone.utterances[0].held
+
+
+def test_a_held_utterance_is_weighed_again_on_its_progress_or_after_the_recheck_time() -> None:
+    """The coordinator polls a stream whose audio waits every few milliseconds, and a held
+    one waits: its release is weighed again (a replay of the whole lane) only when its
+    own utterance moved on (a segment done, audio made) or RELEASE_RECHECK_S after the
+    last time, so the lane's other changes reach it within that. Deterministic: no clock."""
+    from engine.scheduler.output import OutputWriter
+    from engine.scheduler.state import StatsCounter
+
+    lane = make_lane(gated=True, threads=1, max_batch=1)
+    lane.seconds_per_char = 0.18
+    lane.audio_per_char = 0.2
+    clause, sentence = "所有客服人员正忙，", "您的来电对我们非常重要。"
+    stream = make_stream(lane, 1, [clause, sentence], voice="zh")
+    weighed: list[float] = []
+
+    class Counting(Policy):
+        def may_release(self, lane: Any, stream: Any, now: float) -> bool:
+            weighed.append(now)
+            return super().may_release(lane, stream, now)
+
+    rules = Counting()
+    assert lane.batch is not None
+    assert rules.choose(lane, lane.batch, [stream], now=0.0) == [stream]
+    head = stream.utterances[0]
+    head.segments.popleft()
+    stream.busy = False
+    writer = OutputWriter(lambda _owner, _message: None, StatsCounter())
+    writer.write(stream, head, b"\0" * int(1.8 * BYTES_PER_SECOND))
+    rules.recheck_release(stream, now=0.0)
+    assert weighed == [0.0] and head.held
+    step = policy.RELEASE_RECHECK_S / 10
+    for poll in range(1, 10):  # nothing moved: the polls within the recheck time skip it
+        rules.recheck_release(stream, now=poll * step)
+    assert weighed == [0.0] and head.held
+    rules.recheck_release(stream, now=policy.RELEASE_RECHECK_S)  # the recheck time is up
+    assert weighed == [0.0, policy.RELEASE_RECHECK_S] and head.held
+    # the sentence goes to a worker (its progress changed): weighed at once, and released
+    rules.mark_busy(lane, stream, now=0.06)
+    head.segments.popleft()
+    stream.busy_until = 0.3
+    rules.recheck_release(stream, now=0.06)
+    assert weighed[-1] == 0.06 and not head.held
+    rules.recheck_release(stream, now=1.0)  # not held: nothing to weigh
+    assert len(weighed) == 3
