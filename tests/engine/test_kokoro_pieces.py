@@ -138,6 +138,28 @@ def test_joins_move_to_the_quietest_boundary_nearby() -> None:
     assert pieces.boundary_loudness(energy).tolist() == [0, 9, 9, 9, 9]
 
 
+def test_a_piece_sized_by_the_pace_moves_to_a_pause_before_its_target_never_after() -> None:
+    """Later, it would arrive after the audio before it ran out, and the first audio
+    would be held one piece longer (release_after): with a pause on each side of where
+    the second piece would end, it takes the one before; the first audio goes at once."""
+    pace = 2.5
+    quiet = np.full(201, 5.0, dtype=np.float32)
+    quiet[42] = -9.0  # the first piece ends at its target, 10 + 32
+    # the second holds what 24 frames out (32 less the margin) cover at the pace
+    room = int(pace * (32 - pieces.RELEASE_MARGIN)) - pieces.LEFT_CONTEXT
+    target = 42 + room - pieces.RIGHT_CONTEXT
+    quiet[target + 2] = -9.0  # quieter, after the target
+    quiet[target - 3] = -1.0  # a pause, before it
+    plan = pieces.schedule(200, 10, 32, pace, quiet=quiet)
+    assert plan[0].end == 42 and plan[1].end == target - 3 and covers(plan, 10, 200)
+    assert pieces.release_after(plan, pace) == 0
+    assert late_frames(plan, pace, 0) <= -pieces.RELEASE_MARGIN
+    # the first piece still moves either way
+    first = np.full(201, 5.0, dtype=np.float32)
+    first[10 + 32 + 2] = -9.0
+    assert pieces.schedule(200, 10, 32, pace, quiet=first)[0].end == 10 + 32 + 2
+
+
 # --------------------------------------------------------------------------- clicks
 
 

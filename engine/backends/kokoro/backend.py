@@ -317,10 +317,16 @@ class KokoroBackend:
         else:
             self.exported = KokoroModel(data)
             self.hop = self.exported.hop
-        # the shared decoder session's pace on this machine under its current load
+        # each decoder session's pace on this machine, timed at load: the shared one's (one
+        # thread) and the idle one's (its threads: seeded with the shared one's pace, a
+        # lone synthesis planned its pieces as if it had one core and held its first
+        # audio for pieces it could have played, 0.8-2.3 s on an idle machine)
         warm = self.model.warm_pace if self.model is not None else 0.0
         self.pace = PaceMeter(warm if warm > 0.0 else PLAN_PACE)
-        self.idle_pace = PaceMeter(warm if warm > 0.0 else PLAN_PACE)  # the idle session's
+        idle = warm
+        if self.model is not None and self._idle_session is not None:
+            idle = max(warm, self.model.measure_pace(self._idle_session))
+        self.idle_pace = PaceMeter(idle if idle > 0.0 else PLAN_PACE)
         self._active = 0
         self._lock = threading.Lock()
         decoding = self._decoding().split("/")[0]

@@ -152,12 +152,24 @@ class SplitModel:
         audio, _ = self.decode(features, 0, features.frames, None)
         if frames.sum() > 0:
             self.hop = round(audio.size / float(frames.sum()))
+        self._warm_up = features
         # the decoder's pace on this machine, one thread, from a second (warm) run: where
         # a schedule of pieces starts before any segment was timed
-        started = time.perf_counter()
-        audio, _ = self.decode(features, 0, features.frames, None)
-        seconds = time.perf_counter() - started
-        self.warm_pace = audio.size / SAMPLE_RATE / seconds if seconds > 0 else 0.0
+        self.warm_pace = self.measure_pace(None, untimed=0)
+
+    def measure_pace(self, session: Any, runs: int = 3, untimed: int = 1) -> float:
+        """Audio seconds per second of decoding the warm-up phrase whole on ``session``
+        (None: the shared decoder): the median of ``runs`` timed decodes after
+        ``untimed`` ones (a new session's first run also allocates; one timing alone
+        varied by a third between loads); 0.0 where it could not be timed."""
+        paces: list[float] = []
+        for run in range(max(0, untimed) + max(1, runs)):
+            started = time.perf_counter()
+            audio, _ = self.decode(self._warm_up, 0, self._warm_up.frames, None, session)
+            seconds = time.perf_counter() - started
+            if run >= untimed and seconds > 0:
+                paces.append(audio.size / SAMPLE_RATE / seconds)
+        return float(np.median(paces)) if paces else 0.0
 
     def decoder_session(self, threads: int) -> Any:
         """Another session of the decoder graph, on ``threads`` intra-op threads."""
