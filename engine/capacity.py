@@ -72,41 +72,42 @@ def can_start(
     fits, of at least this many characters (None: segments are never cut)."""
     if not committed:
         return True
-    return joins_without_harm(
-        new, committed, workers_free_in, pace, cost_factor, margin_s, min_piece_chars
-    )
+    replay = Replay(workers_free_in, pace, cost_factor, margin_s, min_piece_chars)
+    return replay.joins_without_harm(new, committed)
 
 
-def joins_without_harm(
-    new: StreamWork,
-    others: Sequence[StreamWork],
-    workers_free_in: Sequence[float],
-    pace: Pace,
-    cost_factor: float = COST_FACTOR,
-    margin_s: float = MARGIN_S,
-    min_piece_chars: int | None = None,
-) -> bool:
-    """Whether ``new``, replayed beside ``others`` on the lane's workers, keeps its own
-    pace (:func:`keeps_pace`) and makes no other stream run dry that would not run dry
-    without it (the rule of :func:`can_start`, without its empty-lane shortcut)."""
-    args = (workers_free_in, pace, cost_factor, margin_s, min_piece_chars)
-    after = run_dry([*others, new], *args)
-    return len(others) not in after and after <= run_dry(others, *args)
+@dataclass(frozen=True)
+class Replay:
+    """A lane's workers (seconds until each is free) and pace, with the replay's safety
+    (:func:`run_dry`'s arguments but the streams): the questions the scheduler asks."""
 
+    workers_free_in: Sequence[float]
+    pace: Pace
+    cost_factor: float = COST_FACTOR
+    margin_s: float = MARGIN_S
+    min_piece_chars: int | None = None
 
-def keeps_pace(
-    stream: StreamWork,
-    others: Sequence[StreamWork],
-    workers_free_in: Sequence[float],
-    pace: Pace,
-    cost_factor: float = COST_FACTOR,
-    margin_s: float = MARGIN_S,
-    min_piece_chars: int | None = None,
-) -> bool:
-    """Whether every later segment of ``stream`` arrives before its audio runs out, its
-    work replayed beside ``others`` on the lane's workers (:func:`run_dry`)."""
-    args = (workers_free_in, pace, cost_factor, margin_s, min_piece_chars)
-    return len(others) not in run_dry([*others, stream], *args)
+    def run_dry(self, streams: Sequence[StreamWork]) -> set[int]:
+        return run_dry(
+            streams,
+            self.workers_free_in,
+            self.pace,
+            self.cost_factor,
+            self.margin_s,
+            self.min_piece_chars,
+        )
+
+    def keeps_pace(self, stream: StreamWork, others: Sequence[StreamWork]) -> bool:
+        """Whether every later segment of ``stream`` arrives before its audio runs out,
+        its work replayed beside ``others``."""
+        return len(others) not in self.run_dry([*others, stream])
+
+    def joins_without_harm(self, new: StreamWork, others: Sequence[StreamWork]) -> bool:
+        """Whether ``new``, replayed beside ``others``, keeps its own pace and makes no
+        other stream run dry that would not run dry without it (the rule of
+        :func:`can_start`, without its empty-lane shortcut)."""
+        after = self.run_dry([*others, new])
+        return len(others) not in after and after <= self.run_dry(others)
 
 
 def run_dry(

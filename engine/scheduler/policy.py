@@ -12,15 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from engine.backends.base import BatchSynthesizer
-from engine.capacity import (
-    COST_FACTOR,
-    MARGIN_S,
-    Pace,
-    StreamWork,
-    can_start,
-    joins_without_harm,
-    keeps_pace,
-)
+from engine.capacity import COST_FACTOR, MARGIN_S, Pace, Replay, StreamWork, can_start
 from engine.scheduler.state import CutSegment, Lane, Stream, held
 from engine.text import MIN_FIT_CHARS, split_to_fit
 
@@ -260,12 +252,10 @@ class Policy:
         if lane.seconds_per_char == 0.0:  # no pace yet: while a worker is free
             return "play" if sum(s.busy for s in committed) < lane.threads else "wait"
         new = StreamWork(rest, unplayed_s=leading_s, heard=True)
-        pace = self._pace(lane)
-        fit = (self.cost_factor, self.margin_s, MIN_FIT_CHARS)
-        if not keeps_pace(new, [], [0.0] * lane.threads, pace, *fit):
+        if not self._replay(lane, [0.0] * lane.threads).keeps_pace(new, []):
             return "whole"  # even a free lane could not follow it in time
         streams = [remaining_work(s, now) for s in committed]
-        if joins_without_harm(new, streams, self._workers(lane, (), now), pace, *fit):
+        if self._replay(lane, self._workers(lane, (), now)).joins_without_harm(new, streams):
             return "play"
         since = stream.utterances[0].startable_since
         return "whole" if since is not None and now - since >= self.cached_wait_s else "wait"
@@ -301,14 +291,9 @@ class Policy:
             return True  # a bound on what a stream keeps back (memory)
         if lane.seconds_per_char == 0.0:
             return True
-        return keeps_pace(
+        return self._replay(lane, self._workers(lane, (), now)).keeps_pace(
             remaining_work(stream, now),
             [remaining_work(s, now) for s in self._committed(lane, stream)],
-            self._workers(lane, (), now),
-            self._pace(lane),
-            self.cost_factor,
-            self.margin_s,
-            MIN_FIT_CHARS,
         )
 
     @staticmethod
@@ -331,6 +316,10 @@ class Policy:
             ends.append(max(s.busy_until for s in forming))
         workers = [max(0.0, end - now) for end in ends]
         return workers + [0.0] * (lane.threads - len(workers))
+
+    def _replay(self, lane: Lane, workers: Sequence[float]) -> Replay:
+        """The replay of ``lane`` at its pace, its workers free in ``workers`` seconds."""
+        return Replay(workers, self._pace(lane), self.cost_factor, self.margin_s, MIN_FIT_CHARS)
 
     @staticmethod
     def _pace(lane: Lane) -> Pace:

@@ -6,7 +6,7 @@ from typing import TypedDict
 
 import pytest
 
-from engine.capacity import Pace, StreamWork, can_start, joins_without_harm, keeps_pace, run_dry
+from engine.capacity import Pace, Replay, StreamWork, can_start, run_dry
 
 # A worker spends 10 ms per character; a character is 60 ms of audio (rtf 1/6). No
 # safety margins, so the arithmetic in each case is exact.
@@ -101,17 +101,19 @@ def test_keeping_pace_is_about_the_stream_and_joining_about_the_others_too() -> 
     """``keeps_pace``: the stream's own later segments arrive in time beside the others;
     ``joins_without_harm``: that, and no other stream runs dry because of it (the rule
     of can_start, without its empty-lane shortcut)."""
+    replay = Replay([0.0], PACE, **EXACT)
+    assert replay.run_dry([playing(0.1, 50)]) == run_dry([playing(0.1, 50)], [0.0], PACE, **EXACT)
     mine = playing(1.2, 20)  # 1.2 s in hand, its next 20 characters take 0.2 s
     # ahead of a call with 0.6 s in hand and 50 characters (0.5 s) to go: both fine
     fine = [playing(0.6, 50)]
-    assert keeps_pace(mine, fine, [0.0], PACE, **EXACT)
-    assert joins_without_harm(mine, fine, [0.0], PACE, **EXACT)
+    assert replay.keeps_pace(mine, fine)
+    assert replay.joins_without_harm(mine, fine)
     # a newcomer heard from nothing goes first: the other call's 50 end at 0.7 s > 0.6 s
     new = StreamWork((20,))
-    assert keeps_pace(new, fine, [0.0], PACE, **EXACT)
-    assert not joins_without_harm(new, fine, [0.0], PACE, **EXACT)
+    assert replay.keeps_pace(new, fine)
+    assert not replay.joins_without_harm(new, fine)
     # its own next segment too long for the audio it holds: it cannot keep pace anywhere
     short = playing(0.1, 50)
-    assert not keeps_pace(short, [], [0.0], PACE, **EXACT)
-    assert not joins_without_harm(short, [], [0.0], PACE, **EXACT)
+    assert not replay.keeps_pace(short, [])
+    assert not replay.joins_without_harm(short, [])
     assert can_start(short, [], workers_free_in=[0.0], pace=PACE, **EXACT)  # empty lane
