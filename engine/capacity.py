@@ -2,17 +2,18 @@
 stutter: admission by the engine's measured capacity (sans-I/O, no clock of its own).
 
 A lane whose calls are independent (Piper: one call per worker thread, one core each)
-knows its pace: a worker's wall seconds per character of a segment, and the seconds of
-audio a character gives. Every stream the lane already speaks for (**committed**: its
-utterance has begun and has text left to synthesize) needs each of its remaining
-segments before the audio it holds runs out. :func:`can_start` replays the lane's known
-work on its workers, the new utterance's first segment first (the scheduler serves new
-utterances before streams that are comfortably ahead), then each ready segment by the
-time its stream's audio runs out. The newcomer may start when it makes no stream run
-dry that would not run dry without it, and its own later segments can follow in time:
-calls already speaking stay whole. Otherwise it waits (first-audio latency, which the
-gateway's admission control sees and acts on). A stream that runs dry whatever happens
-(text streamed in slower than it is spoken) does not hold every newcomer back.
+knows its pace: a worker's wall seconds for a segment, a fixed cost plus a cost per
+character (engine/scheduler/pace.py), and the seconds of audio a character gives. Every
+stream the lane already speaks for (**committed**: its utterance has begun and has text
+left to synthesize) needs each of its remaining segments before the audio it holds runs
+out. :func:`can_start` replays the lane's known work on its workers, the new utterance's
+first segment first (the scheduler serves new utterances before streams that are
+comfortably ahead), then each ready segment by the time its stream's audio runs out. The
+newcomer may start when it makes no stream run dry that would not run dry without it,
+and its own later segments can follow in time: calls already speaking stay whole.
+Otherwise it waits (first-audio latency, which the gateway's admission control sees and
+acts on). A stream that runs dry whatever happens (text streamed in slower than it is
+spoken) does not hold every newcomer back.
 
 A lane cuts a playing stream's next segment that would come too late into a piece that
 fits (``min_piece_chars`` and more, the rest too: ``engine.text.split_to_fit``); the
@@ -42,6 +43,7 @@ MARGIN_S = 0.4
 class Pace:
     seconds_per_char: float  # a worker's wall seconds per character of a segment
     audio_per_char: float  # seconds of audio per character of text
+    seconds_per_call: float = 0.0  # ... and per segment, whatever its length
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ def run_dry(
     if min_piece_chars is not None and min_piece_chars < 1:
         raise ValueError("min_piece_chars must be at least 1")
     char_cost = pace.seconds_per_char * cost_factor
+    call_cost = pace.seconds_per_call * cost_factor
     free = sorted(max(0.0, f) for f in workers_free_in) or [0.0]
     heapq.heapify(free)
     plays_until = [s.unplayed_s for s in streams]
@@ -166,12 +169,12 @@ def run_dry(
         _, _, i = heapq.heappop(ready)
         chars = left[i].pop(0)
         if min_piece_chars is not None and heard[i] and char_cost > 0.0:
-            fits = int((plays_until[i] - margin_s - worker) / char_cost)
+            fits = int((plays_until[i] - margin_s - worker - call_cost) / char_cost)
             piece = min(max(fits, min_piece_chars), chars - min_piece_chars)
             if piece >= min_piece_chars and piece < chars:  # the lane cuts: a piece now
                 left[i].insert(0, chars - piece)
                 chars = piece
-        done = worker + chars * char_cost
+        done = worker + call_cost + chars * char_cost
         heapq.heappush(arrivals, (done, i, chars * rate[i]))
         heapq.heappush(free, done)
     return dry

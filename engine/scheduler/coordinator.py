@@ -53,6 +53,7 @@ from engine.scheduler.policy import RESERVE_FACTOR, RESERVE_FLOOR_S, Policy
 from engine.scheduler.state import (
     Generations,
     Lane,
+    RunningBatch,
     SchedulerStats,
     StatsCounter,
     Stream,
@@ -477,15 +478,18 @@ class Scheduler:
                 if not candidates:
                     break
                 candidates.sort(key=self._policy.urgency)
-                chosen = self._policy.choose(lane, batch, candidates, time.monotonic())
+                now = time.monotonic()
+                alone = lane.in_flight == 0
+                chosen = self._policy.choose(lane, batch, candidates, now)
                 if not chosen:
                     break  # only new utterances that do not fit yet
                 jobs = [job for s in chosen if (job := self._job_for(s, lane)) is not None]
                 if not jobs:
                     continue  # each joined a flight another of them began
-                lane.in_flight += 1
                 work = Batch(lane, tuple(jobs))
-                lane.running[id(work)] = max(s.busy_until for s in chosen)
+                end, chars = max(s.busy_until for s in chosen), max(len(j.text) for j in jobs)
+                running = RunningBatch(end, now, chars, alone=alone, streams=tuple(chosen))
+                lane.begin(id(work), running, self._policy.cost_factor)
                 self._pools[id(lane)].submit(work)
             if self._warm_ups:
                 self._warm_ups.dispatch(lane, self._pools[id(lane)], self)
@@ -555,10 +559,11 @@ class Scheduler:
 
     def _batch_done(self, done: BatchDone) -> None:
         lane = done.batch.lane
-        lane.in_flight -= 1
-        lane.running.pop(id(done.batch), None)
+        running = lane.finish(id(done.batch))
         if done.error is None:  # a padded batch takes as long as its longest segment
-            policy.observe_pace(lane, done.seconds, max(len(job.text) for job in done.batch.jobs))
+            alone = running is not None and running.alone and not running.overlapped
+            chars = max(len(job.text) for job in done.batch.jobs)
+            policy.observe_pace(lane, done.seconds, chars, alone=alone)
         self._counters.synthesized(len(done.batch.jobs), done.seconds)
         for job in done.batch.jobs:
             if job.flight is not None:

@@ -138,10 +138,16 @@ def observe_audio(lane: Lane, stream: Stream, seconds: float, chars: int) -> Non
         stream.audio_per_char = smoothed(stream.audio_per_char, rate)
 
 
-def observe_pace(lane: Lane, seconds: float, chars: int) -> None:
-    """A call whose longest segment had ``chars`` characters took ``seconds``."""
-    if chars > 0:
-        lane.seconds_per_char = smoothed(lane.seconds_per_char, seconds / chars)
+def observe_pace(lane: Lane, seconds: float, chars: int, *, alone: bool = False) -> None:
+    """A call whose longest segment had ``chars`` characters took ``seconds``;
+    ``alone``: nothing else of the lane ran meanwhile. The lane's pace is the line fitted
+    to the calls that ran beside others (engine/scheduler/pace.py), or while there were
+    none yet, to those that ran alone."""
+    if chars <= 0:
+        return
+    (lane.alone_fit if alone else lane.fit).observe(chars, seconds)
+    fit = lane.fit if lane.fit.calls else lane.alone_fit
+    lane.seconds_per_call, lane.seconds_per_char = fit.line()
 
 
 @dataclass(frozen=True)
@@ -163,7 +169,7 @@ class Policy:
         buffered = stream.ring.readable_bytes() / stream.bytes_per_second
         if is_new(stream):
             return (1, head.arrived_at)  # a new utterance, nothing playing
-        expected = stream.lane.seconds_per_char * len(head.segments[0])
+        expected = stream.lane.call_seconds(len(head.segments[0]))
         slack = buffered - expected
         at_risk = buffered < self.reserve_factor * expected + self.reserve_floor_s
         return (0 if at_risk else 2, slack)
@@ -196,6 +202,7 @@ class Policy:
         chosen: list[Stream] = []
         key: object = None
         may_start = True
+        alone = lane.in_flight == 0  # the batch runs while the lane runs nothing else
         for stream in candidates:
             if len(chosen) == lane.max_batch:
                 break
@@ -211,7 +218,7 @@ class Policy:
             elif lane.gated:
                 self.fit_next_segment(lane, stream)
             key = stream_key
-            self.mark_busy(lane, stream, now)
+            self.mark_busy(lane, stream, now, alone=alone)
             chosen.append(stream)
         return chosen
 
@@ -311,7 +318,7 @@ class Policy:
     def _workers(lane: Lane, forming: Sequence[Stream], now: float) -> list[float]:
         """Seconds until each of the lane's workers is free (``forming``: a batch being
         formed takes one)."""
-        ends = list(lane.running.values())
+        ends = [running.end for running in lane.running.values()]
         if forming:
             ends.append(max(s.busy_until for s in forming))
         workers = [max(0.0, end - now) for end in ends]
@@ -323,7 +330,11 @@ class Policy:
 
     @staticmethod
     def _pace(lane: Lane) -> Pace:
-        return Pace(lane.seconds_per_char, lane.audio_per_char or AUDIO_PER_CHAR_PRIOR)
+        return Pace(
+            lane.seconds_per_char,
+            lane.audio_per_char or AUDIO_PER_CHAR_PRIOR,
+            lane.seconds_per_call,
+        )
 
     def fit_next_segment(self, lane: Lane, stream: Stream) -> None:
         """Cut the next segment of a playing stream when, at the lane's pace, it would not
@@ -334,7 +345,8 @@ class Policy:
         if lane.seconds_per_char == 0.0 or head.start_pos is None:
             return
         char_cost = lane.seconds_per_char * self.cost_factor
-        budget = (unplayed_s(stream) - self.margin_s) / char_cost
+        call_cost = lane.seconds_per_call * self.cost_factor
+        budget = (unplayed_s(stream) - self.margin_s - call_cost) / char_cost
         if len(head.segments[0]) > budget:
             pieces = split_to_fit(head.segments[0], int(budget))
             if len(pieces) > 1:
@@ -347,11 +359,13 @@ class Policy:
                 else:  # a piece cut again: the whole is still the first cut's text
                     head.cut.pieces_left += len(pieces) - 1
 
-    def mark_busy(self, lane: Lane, stream: Stream, now: float) -> None:
+    def mark_busy(self, lane: Lane, stream: Stream, now: float, *, alone: bool = False) -> None:
         """``stream``'s next segment goes to ``lane``: when it is expected done (with the
-        replay's safety on its cost, engine/capacity.py) and the audio it should give."""
+        replay's safety on its cost, engine/capacity.py; ``alone``: at the pace of a call
+        that runs alone, until another begins beside it: Lane.begin) and the audio it
+        should give."""
         chars = len(stream.utterances[0].segments[0])
         rate = stream.audio_per_char or lane.audio_per_char or AUDIO_PER_CHAR_PRIOR
         stream.busy = True
-        stream.busy_until = now + lane.seconds_per_char * chars * self.cost_factor
+        stream.busy_until = now + lane.call_seconds(chars, alone=alone) * self.cost_factor
         stream.busy_audio_s = rate * chars

@@ -15,6 +15,7 @@ from engine.backends.routing import RoutedVoice
 from engine.ipc.boundaries import BoundaryWriter
 from engine.ipc.ring import SpscRing
 from engine.scheduler.cache_keys import KeyMaker
+from engine.scheduler.pace import PaceFit
 from engine.speech_cache import SegmentKey
 from engine.text import SegmentSplitter
 from telephony.codecs.resample import StreamingResampler
@@ -84,6 +85,20 @@ class Utterance:
 
 
 @dataclass
+class RunningBatch:
+    """A batch with a lane's workers: when it is expected done, and what that was
+    estimated from (a batch that began alone is estimated again at the lane's shared
+    pace once another begins beside it: Policy.overlapped)."""
+
+    end: float  # monotonic
+    started: float = 0.0
+    chars: int = 0  # its longest segment's
+    alone: bool = False  # began while the lane ran nothing else
+    overlapped: bool = False  # another batch began while it ran
+    streams: tuple[Stream, ...] = ()  # whose segments it synthesizes
+
+
+@dataclass
 class Lane:
     """Where one backend's segments run, and what the coordinator has measured of it
     (see engine/scheduler/__init__.py). Owned by the coordinator thread."""
@@ -99,11 +114,51 @@ class Lane:
     times_words: bool = False
     in_flight: int = 0  # batches handed to the workers and not yet done
     warm_busy: bool = False  # one of them is a warm-up job's (engine/scheduler/warm.py)
-    # Recent wall time of a call per character of its longest segment (the padded length).
+    # A call's recent wall time: a fixed cost plus a cost per character of its longest
+    # segment (the padded length), fitted to the calls that ran beside others, or while
+    # there were none yet, to those that ran alone (engine/scheduler/pace.py).
+    seconds_per_call: float = 0.0
     seconds_per_char: float = 0.0
+    # The fits: calls that ran beside another of the lane's, and calls that ran alone
+    # (a backend may give a lone call every core: Kokoro's idle session).
+    fit: PaceFit = field(default_factory=PaceFit)
+    alone_fit: PaceFit = field(default_factory=PaceFit)
     audio_per_char: float = 0.0  # recent seconds of audio per character of text
-    running: dict[int, float] = field(default_factory=dict)  # id(batch) -> expected end
+    running: dict[int, RunningBatch] = field(default_factory=dict)  # id(batch) -> it
     streams: dict[int, Stream] = field(default_factory=dict)  # slot -> its open stream
+
+    def call_seconds(self, chars: int, *, alone: bool = False) -> float:
+        """The expected wall seconds of a call whose longest segment has ``chars``
+        characters; ``alone``: one that runs while the lane runs nothing else (at the
+        pace of such calls once one was measured)."""
+        if alone and self.alone_fit.calls:
+            per_call, per_char = self.alone_fit.line()
+        else:
+            per_call, per_char = self.seconds_per_call, self.seconds_per_char
+        return per_call + per_char * chars
+
+    def begin(self, key: int, batch: RunningBatch, cost_factor: float) -> None:
+        """``batch`` goes to the lane's workers. A batch that began alone shares the
+        cores from now on (a backend may have given it every core): it and its streams
+        are expected done when the lane's shared pace says, ``cost_factor`` its safety
+        (never earlier than before)."""
+        for running in self.running.values():
+            if running.overlapped:
+                continue
+            running.overlapped = True
+            if running.alone:
+                end = running.started + self.call_seconds(running.chars) * cost_factor
+                running.end = max(running.end, end)
+                for stream in running.streams:
+                    if stream.busy:
+                        stream.busy_until = max(stream.busy_until, running.end)
+        self.in_flight += 1
+        self.running[key] = batch
+
+    def finish(self, key: int) -> RunningBatch | None:
+        """The batch ``key`` (its ``id``) is done: what was known of it."""
+        self.in_flight -= 1
+        return self.running.pop(key, None)
 
 
 @dataclass

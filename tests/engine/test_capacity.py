@@ -117,3 +117,18 @@ def test_keeping_pace_is_about_the_stream_and_joining_about_the_others_too() -> 
     assert not replay.keeps_pace(short, [])
     assert not replay.joins_without_harm(short, [])
     assert can_start(short, [], workers_free_in=[0.0], pace=PACE, **EXACT)  # empty lane
+
+
+def test_a_fixed_cost_per_segment_is_paid_by_every_segment():
+    # 0.3 s of audio left and a 10-character segment next: 0.1 s at 10 ms a character,
+    # in time; with 0.25 s more per segment (a model's front), 0.35 s: late.
+    stream = playing(0.3, 10)
+    assert run_dry([stream], [0.0], PACE, **EXACT) == set()
+    fixed = Pace(seconds_per_char=0.01, audio_per_char=0.06, seconds_per_call=0.25)
+    assert run_dry([stream], [0.0], fixed, **EXACT) == {0}
+    # A cut piece pays it too: 0.5 s left, 100 characters; whole (1.25 s) late. The
+    # piece that fits is 25 characters (0.25 + 0.25 = 0.5 s), not the 50 that fit
+    # without the fixed cost: a 50-character piece would end at 0.75 s, late.
+    long = playing(0.5, 100)
+    assert run_dry([long], [0.0], fixed, **EXACT, min_piece_chars=10) == set()
+    assert run_dry([long], [0.0], fixed, **EXACT, min_piece_chars=30) == {0}

@@ -15,7 +15,7 @@ from engine.ipc.boundaries import BoundaryWriter
 from engine.ipc.ring import SpscRing
 from engine.scheduler import policy
 from engine.scheduler.policy import AUDIO_PER_CHAR_PRIOR, Policy, segment_chars
-from engine.scheduler.state import Lane, Stream, Utterance
+from engine.scheduler.state import Lane, RunningBatch, Stream, Utterance
 from engine.text import MIN_FIT_CHARS
 from telephony.codecs.resample import StreamingResampler
 
@@ -229,7 +229,7 @@ def test_a_cached_start_waits_until_the_rest_can_follow_in_time() -> None:
     rules = Policy(margin_s=0.25)  # (the times below are set against this margin)
     assert rules.cached_start(lane, new, 1.3, now=0.0) == "play"  # an idle worker
     # The worker is busy for 3 s more: the amount could not follow 1.3 s of cached audio.
-    lane.running[1] = 3.0
+    lane.running[1] = RunningBatch(3.0)
     assert rules.cached_start(lane, new, 1.3, now=0.0) == "wait"
     new.utterances[0].startable_since = 0.0  # waiting since then, for room
     assert rules.cached_start(lane, new, 1.3, now=0.4) == "wait"
