@@ -139,11 +139,16 @@ class Backend(Protocol):
 class SynthesisJob:
     """One segment of one stream in a batch: normalized text and a voice handle.
     ``leading``: the utterance's first segment, whose first audio a caller is waiting
-    for (a backend may then emit a short first piece early, at some extra cost)."""
+    for (a backend may then emit a short first piece early, at some extra cost).
+    ``alone``: whether the job runs while its backend runs nothing else, as the scheduler
+    decided (it then starts nothing beside it: a backend that declares ``lone_calls`` may
+    give the job every core); None: not said (a caller without a scheduler), the backend
+    judges by what it runs."""
 
     text: str
     voice: object
     leading: bool = False
+    alone: bool | None = None
 
 
 # Receives (job index, int16 PCM of that job); False: that job is no longer wanted. An

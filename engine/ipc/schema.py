@@ -198,6 +198,9 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     independent_calls: bool = False
     batch: bool = False  # runs segments of many streams per call, on worker threads
     word_timings: bool = False  # times the words it speaks (else they are estimated)
+    # A call that runs alone may take every core (SynthesisJob.alone): the scheduler then
+    # gives it every worker of the lane, so that nothing decodes beside it.
+    lone_calls: bool = False
     cloning: bool = False  # prepares registered voices from a reference recording
     instruct: bool = False  # takes a free-text style instruction
     device: str = "cpu"  # where it runs: "cpu" or "cuda"

@@ -53,7 +53,6 @@ from engine.scheduler.policy import RESERVE_FACTOR, RESERVE_FLOOR_S, Policy
 from engine.scheduler.state import (
     Generations,
     Lane,
-    RunningBatch,
     SchedulerStats,
     StatsCounter,
     Stream,
@@ -479,17 +478,16 @@ class Scheduler:
                     break
                 candidates.sort(key=self._policy.urgency)
                 now = time.monotonic()
-                alone = lane.in_flight == 0
                 chosen = self._policy.choose(lane, batch, candidates, now)
                 if not chosen:
                     break  # only new utterances that do not fit yet
                 jobs = [job for s in chosen if (job := self._job_for(s, lane)) is not None]
                 if not jobs:
                     continue  # each joined a flight another of them began
-                work = Batch(lane, tuple(jobs))
+                work = Batch(lane, tuple(jobs), lane.runs_alone(chosen))
                 end, chars = max(s.busy_until for s in chosen), max(len(j.text) for j in jobs)
-                running = RunningBatch(end, now, chars, alone=alone, streams=tuple(chosen))
-                lane.begin(id(work), running, self._policy.cost_factor)
+                cost = self._policy.cost_factor
+                lane.begin(id(work), end, chars, now, cost, streams=chosen, lone=work.alone)
                 self._pools[id(lane)].submit(work)
             if self._warm_ups:
                 self._warm_ups.dispatch(lane, self._pools[id(lane)], self)

@@ -101,6 +101,7 @@ class Job:
 class Batch:
     lane: Lane
     jobs: tuple[Job, ...]
+    alone: bool = False  # every worker of the lane is its (Lane.runs_alone)
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,10 @@ def lane_for(backend: Backend) -> Lane:
     can = capabilities_of(backend)
     if can.batch and isinstance(backend, BatchSynthesizer):
         threads, max_batch = max(1, backend.threads), max(1, backend.max_batch)
-        return Lane(backend, backend, threads, max_batch, can.independent_calls, can.word_timings)
+        return Lane(
+            backend, backend, threads, max_batch, can.independent_calls, can.word_timings,
+            lone_calls=can.lone_calls,
+        )  # fmt: skip
     return Lane(backend, None, times_words=can.word_timings)
 
 
@@ -273,7 +277,7 @@ class WorkerPool:
 
         started = time.perf_counter()
         error: tuple[str, str] | None = None
-        segments = [SynthesisJob(j.text, j.voice, j.leading) for j in jobs]
+        segments = [SynthesisJob(j.text, j.voice, j.leading, batch.alone) for j in jobs]
         try:
             if self._lane.times_words:
                 self._batch.synthesize_batch(segments, emit, timed)

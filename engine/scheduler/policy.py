@@ -318,7 +318,7 @@ class Policy:
     def _workers(lane: Lane, forming: Sequence[Stream], now: float) -> list[float]:
         """Seconds until each of the lane's workers is free (``forming``: a batch being
         formed takes one)."""
-        ends = [running.end for running in lane.running.values()]
+        ends = [r.end for r in lane.running.values() for _ in range(r.workers)]
         if forming:
             ends.append(max(s.busy_until for s in forming))
         workers = [max(0.0, end - now) for end in ends]

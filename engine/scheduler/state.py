@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -94,6 +95,7 @@ class RunningBatch:
     started: float = 0.0
     chars: int = 0  # its longest segment's
     alone: bool = False  # began while the lane ran nothing else
+    workers: int = 1  # of the lane's (every one: a lone call, Lane.lone_calls)
     overlapped: bool = False  # another batch began while it ran
     streams: tuple[Stream, ...] = ()  # whose segments it synthesizes
 
@@ -112,7 +114,9 @@ class Lane:
     gated: bool = False
     # The backend times the words it speaks (its capability record's ``word_timings``).
     times_words: bool = False
-    in_flight: int = 0  # batches handed to the workers and not yet done
+    in_flight: int = 0  # workers busy with a batch (a lone call's batch takes them all)
+    # A call that runs alone may take every core (its capability record's ``lone_calls``).
+    lone_calls: bool = False
     warm_busy: bool = False  # one of them is a warm-up job's (engine/scheduler/warm.py)
     # A call's recent wall time: a fixed cost plus a cost per character of its longest
     # segment (the padded length), fitted to the calls that ran beside others, or while
@@ -137,11 +141,26 @@ class Lane:
             per_call, per_char = self.seconds_per_call, self.seconds_per_char
         return per_call + per_char * chars
 
-    def begin(self, key: int, batch: RunningBatch, cost_factor: float) -> None:
-        """``batch`` goes to the lane's workers. A batch that began alone shares the
-        cores from now on (a backend may have given it every core): it and its streams
-        are expected done when the lane's shared pace says, ``cost_factor`` its safety
-        (never earlier than before)."""
+    def begin(
+        self,
+        key: int,
+        end: float,
+        chars: int,
+        now: float,
+        cost_factor: float,
+        *,
+        streams: Sequence[Stream] = (),
+        lone: bool = False,
+    ) -> None:
+        """A batch (``key``: its ``id``) goes to the lane's workers at ``now``, expected
+        done at ``end``, its longest segment ``chars`` long, for ``streams``; ``lone``:
+        it takes every worker (:meth:`runs_alone`). A batch that began alone and took one
+        worker shares the cores from now on (a backend may have given it every core): it
+        and its streams are expected done when the lane's shared pace says,
+        ``cost_factor`` its safety (never earlier than before)."""
+        workers = self.threads if lone else 1
+        alone = self.in_flight == 0
+        batch = RunningBatch(end, now, chars, alone, workers, streams=tuple(streams))
         for running in self.running.values():
             if running.overlapped:
                 continue
@@ -152,13 +171,27 @@ class Lane:
                 for stream in running.streams:
                     if stream.busy:
                         stream.busy_until = max(stream.busy_until, running.end)
-        self.in_flight += 1
+        self.in_flight += batch.workers
         self.running[key] = batch
 
     def finish(self, key: int) -> RunningBatch | None:
         """The batch ``key`` (its ``id``) is done: what was known of it."""
-        self.in_flight -= 1
-        return self.running.pop(key, None)
+        running = self.running.pop(key, None)
+        self.in_flight -= 1 if running is None else running.workers
+        return running
+
+    def runs_alone(self, streams: Sequence[Stream]) -> bool:
+        """Whether a batch for ``streams`` gets every worker of the lane: its backend gives
+        a lone call every core (``lone_calls``), the lane runs nothing, and no other of
+        its streams has a segment to do (a newcomer that comes meanwhile waits for it:
+        a call decoded beside a lone one on two cores slows both past their plan, and a
+        caller then hears a hole)."""
+        if not self.lone_calls or self.in_flight or self.threads < 2:
+            return False
+        return not any(
+            s not in streams and (s.busy or (s.utterances and s.utterances[0].segments))
+            for s in self.streams.values()
+        )
 
 
 @dataclass

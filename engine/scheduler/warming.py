@@ -26,7 +26,7 @@ from engine.scheduler.commands import WarmFetched
 from engine.scheduler.flights import Flight, FlightTable
 from engine.scheduler.lanes import Batch, Job, Segment, WorkerPool
 from engine.scheduler.output import RelativeWords, relative_words
-from engine.scheduler.state import Lane, RunningBatch, StatsCounter
+from engine.scheduler.state import Lane, StatsCounter
 from engine.scheduler.warm import WarmJob, WarmRequest
 from engine.speech_cache import CachedSegment, SegmentKey, SpeechCache
 from telephony.codecs.resample import StreamingResampler
@@ -233,8 +233,7 @@ class WarmUps:
         lane.warm_busy = True
         now = time.monotonic()
         flight.expected_end = now + lane.call_seconds(len(text)) * self._cost_factor
-        running = RunningBatch(flight.expected_end, started=now, chars=len(text))
-        lane.begin(id(work), running, self._cost_factor)
+        lane.begin(id(work), flight.expected_end, len(text), now, self._cost_factor)
         pool.submit(work)
 
     def flight_ended(self, flight: Flight, stored: bool, error: tuple[str, str] | None) -> None:

@@ -408,3 +408,23 @@ def test_a_lone_synthesis_on_two_threads_sounds_the_same(kokoro: KokoroBackend) 
         finally:
             kokoro._active -= 0 if alone else 1
     np.testing.assert_array_equal(np.concatenate(out[True]), np.concatenate(out[False]))
+
+
+@needs_model
+def test_the_scheduler_s_word_decides_the_lone_session(
+    kokoro: KokoroBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an idle session the backend declares lone calls; a job the scheduler says
+    runs beside another decodes on the shared session even when nothing else runs yet,
+    one it says runs alone (or a caller that says nothing) on the idle one."""
+    assert kokoro.capabilities.lone_calls and kokoro.idle()
+    voice = kokoro.resolve_voice(VoiceSettings("zh-yunxi"))
+    sessions: list[object] = []
+
+    def spy(index: int, job: SynthesisJob, voice: object, emit: object, session: object) -> None:
+        sessions.append(session)
+
+    monkeypatch.setattr(kokoro, "_synthesize_job", spy)
+    for alone in (False, True, None):
+        kokoro.synthesize_batch([SynthesisJob("你好。", voice, alone=alone)], lambda i, pcm: True)
+    assert sessions == [None, kokoro._idle_session, kokoro._idle_session]

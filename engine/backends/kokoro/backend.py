@@ -35,8 +35,11 @@ whole: first audio within half a second, at most one piece's join in an utteranc
 
 Threads: ``threads`` calls at once on one shared decoder session, one core each. With
 two workers or more, a second decoder session on :data:`IDLE_THREADS` threads decodes a
-synthesis that starts while no other call runs (:meth:`idle`), every piece of it, so that
-a lone caller's audio uses both cores.
+synthesis that runs alone, every piece of it, so that a lone caller's audio uses both
+cores: the backend declares ``lone_calls``, and the scheduler says which job is alone
+(``SynthesisJob.alone``) and starts nothing beside it (a call decoded beside a lone one
+slows both past their plans: docs/kokoro.md, "Stop 43"); a caller that does not say gets
+the idle session while no other call runs (:meth:`idle`).
 
 Speech cache (:meth:`KokoroBackend.cache_identity`): keyed by the sha256 of the graph that
 runs (the int8 model's or the float graph's, both checked against their pins when they
@@ -338,6 +341,10 @@ class KokoroBackend:
         self._mandarin = MandarinG2P()
         if any(s.language.startswith("zh") for s in specs):
             self._mandarin.load()  # about 1 s (jieba): not on a caller's first audio
+        if self._idle_session is not None:
+            self.capabilities = Capabilities(
+                independent_calls=True, batch=True, word_timings=True, lone_calls=True
+            )
         log.info(
             "kokoro: %d voices, %s graph (%s), decoded %s, hop %d%s",
             len(specs), self.graph, self.digest[:12], decoding, self.hop,
@@ -417,7 +424,10 @@ class KokoroBackend:
                 assert isinstance(voice, KokoroVoice)
                 if len(job.text) > self.max_text_chars:
                     raise BackendError("text_too_long", f"segment over {self.max_text_chars} chars")
-                session = self._idle_session if alone else None
+                # the scheduler's word when it gave one (it starts nothing beside a lone
+                # job), else what runs now
+                lone = alone and job.alone is not False
+                session = self._idle_session if lone else None
                 timed = self._synthesize_job(index, job, voice, emit, session)
                 if timed is not None and words is not None and timed:
                     words(index, timed)

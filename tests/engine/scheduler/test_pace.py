@@ -9,7 +9,7 @@ import pytest
 from engine.backends.synthetic import SyntheticBackend
 from engine.scheduler import policy
 from engine.scheduler.pace import PaceFit
-from engine.scheduler.state import Lane, RunningBatch
+from engine.scheduler.state import Lane
 from tests.engine.scheduler.test_policy import make_lane, make_stream
 
 
@@ -77,12 +77,12 @@ def test_a_batch_that_began_alone_is_expected_later_once_another_begins_beside_i
     rules = policy.Policy(cost_factor=1.25)
     rules.mark_busy(lane, first, now=0.0, alone=True)
     assert first.busy_until == pytest.approx(0.625)  # at the lone pace
-    lane.begin(1, RunningBatch(first.busy_until, 0.0, 10, alone=True, streams=(first,)), 1.25)
+    lane.begin(1, first.busy_until, 10, 0.0, 1.25, streams=[first])
     assert lane.in_flight == 1
     second = make_stream(lane, 1, ["y" * 10])
     rules.mark_busy(lane, second, now=0.2)
     assert second.busy_until == pytest.approx(0.2 + 1.25)
-    lane.begin(2, RunningBatch(second.busy_until, 0.2, 10, streams=(second,)), 1.25)
+    lane.begin(2, second.busy_until, 10, 0.2, 1.25, streams=[second])
     # The first shares the cores from 0.2 s on: expected when the shared pace says.
     assert lane.running[1].overlapped and lane.running[1].end == pytest.approx(1.25)
     assert first.busy_until == pytest.approx(1.25)
@@ -96,3 +96,27 @@ def test_the_lane_s_own_constructor_knows_no_pace() -> None:
     backend = SyntheticBackend()
     lane = Lane(backend, None)
     assert lane.call_seconds(10) == 0.0 and lane.call_seconds(10, alone=True) == 0.0
+
+
+def test_a_lone_call_gets_every_worker_only_when_nothing_else_of_the_lane_waits() -> None:
+    lane = make_lane(gated=True, threads=2, max_batch=1)
+    first = make_stream(lane, 0, ["x" * 10])
+    assert not lane.runs_alone([first])  # the backend gives lone calls no more cores
+    lane.lone_calls = True
+    assert lane.runs_alone([first])
+    second = make_stream(lane, 1, ["y" * 10])
+    assert not lane.runs_alone([first])  # another stream has a segment to do
+    second.utterances[0].segments.clear()
+    second.busy = True
+    assert not lane.runs_alone([first])  # ... or one in flight
+    second.busy = False
+    assert lane.runs_alone([first])
+    lane.begin(1, 0.8, 10, 0.0, 1.25, streams=[first], lone=True)
+    # It holds both workers: nothing else starts beside it, and the replay sees both busy.
+    assert lane.in_flight == lane.threads == 2 and lane.running[1].workers == 2
+    assert not lane.runs_alone([second])
+    assert policy.Policy._workers(lane, (), now=0.3) == pytest.approx([0.5, 0.5])
+    assert lane.finish(1) is not None and lane.in_flight == 0
+    one_thread = make_lane(gated=True, threads=1, max_batch=1)
+    one_thread.lone_calls = True
+    assert not one_thread.runs_alone([make_stream(one_thread, 0, ["z"])])
