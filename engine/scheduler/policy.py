@@ -202,7 +202,7 @@ class Policy:
         chosen: list[Stream] = []
         key: object = None
         may_start = True
-        alone = lane.in_flight == 0  # the batch runs while the lane runs nothing else
+        alone = lane.idle  # the batch runs while the lane runs nothing else
         for stream in candidates:
             if len(chosen) == lane.max_batch:
                 break

@@ -89,7 +89,7 @@ class Utterance:
 class RunningBatch:
     """A batch with a lane's workers: when it is expected done, and what that was
     estimated from (a batch that began alone is estimated again at the lane's shared
-    pace once another begins beside it: Policy.overlapped)."""
+    pace once another begins beside it: Lane.begin)."""
 
     end: float  # monotonic
     started: float = 0.0
@@ -131,6 +131,11 @@ class Lane:
     running: dict[int, RunningBatch] = field(default_factory=dict)  # id(batch) -> it
     streams: dict[int, Stream] = field(default_factory=dict)  # slot -> its open stream
 
+    @property
+    def idle(self) -> bool:
+        """No batch of the lane runs: one that begins now runs alone."""
+        return self.in_flight == 0
+
     def call_seconds(self, chars: int, *, alone: bool = False) -> float:
         """The expected wall seconds of a call whose longest segment has ``chars``
         characters; ``alone``: one that runs while the lane runs nothing else (at the
@@ -159,15 +164,14 @@ class Lane:
         and its streams are expected done when the lane's shared pace says,
         ``cost_factor`` its safety (never earlier than before)."""
         workers = self.threads if lone else 1
-        alone = self.in_flight == 0
-        batch = RunningBatch(end, now, chars, alone, workers, streams=tuple(streams))
+        batch = RunningBatch(end, now, chars, self.idle, workers, streams=tuple(streams))
         for running in self.running.values():
             if running.overlapped:
                 continue
             running.overlapped = True
             if running.alone:
-                end = running.started + self.call_seconds(running.chars) * cost_factor
-                running.end = max(running.end, end)
+                shared = running.started + self.call_seconds(running.chars) * cost_factor
+                running.end = max(running.end, shared)
                 for stream in running.streams:
                     if stream.busy:
                         stream.busy_until = max(stream.busy_until, running.end)

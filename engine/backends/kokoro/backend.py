@@ -59,6 +59,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -342,9 +343,7 @@ class KokoroBackend:
         if any(s.language.startswith("zh") for s in specs):
             self._mandarin.load()  # about 1 s (jieba): not on a caller's first audio
         if self._idle_session is not None:
-            self.capabilities = Capabilities(
-                independent_calls=True, batch=True, word_timings=True, lone_calls=True
-            )
+            self.capabilities = msgspec.structs.replace(self.capabilities, lone_calls=True)
         log.info(
             "kokoro: %d voices, %s graph (%s), decoded %s, hop %d%s",
             len(specs), self.graph, self.digest[:12], decoding, self.hop,
