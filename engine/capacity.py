@@ -55,6 +55,10 @@ class StreamWork:
     heard: bool = False  # some of the utterance has been produced (it is playing)
     in_flight_s: float | None = None  # a segment in flight: seconds until it is done
     in_flight_audio_s: float = 0.0  # ... and the audio it adds
+    # ... which comes in pieces that keep pace and has begun: all of it plays without a
+    # gap from now on (the backend holds a paced segment's first audio until the rest
+    # can follow), and the worker is free when it is done
+    in_flight_paced: bool = False
     audio_per_char: float | None = None  # the stream's own measured rate, else the pace's
 
 
@@ -133,11 +137,15 @@ def run_dry(
     heard = [s.heard for s in streams]
     rate = [s.audio_per_char or pace.audio_per_char for s in streams]
     left = [list(s.segments) for s in streams]
-    # Streams waiting for a segment in flight: (done at, index, audio it adds).
-    arrivals: list[tuple[float, int, float]] = []
+    # Streams waiting for a segment in flight: (done at, index, audio it adds; None: a
+    # paced segment, whose audio is counted already and cannot come late).
+    arrivals: list[tuple[float, int, float | None]] = []
     ready: list[tuple[int, float, int]] = []  # (0 if never heard, plays until, index)
     for i, s in enumerate(streams):
-        if s.in_flight_s is not None:
+        if s.in_flight_s is not None and s.in_flight_paced:
+            plays_until[i] += s.in_flight_audio_s
+            arrivals.append((max(0.0, s.in_flight_s), i, None))
+        elif s.in_flight_s is not None:
             arrivals.append((max(0.0, s.in_flight_s), i, s.in_flight_audio_s))
         elif left[i]:
             ready.append((1 if heard[i] else 0, plays_until[i], i))
@@ -145,10 +153,11 @@ def run_dry(
     heapq.heapify(ready)
     dry: set[int] = set()
 
-    def arrive(at: float, i: int, audio_s: float) -> None:
-        if heard[i] and at > plays_until[i] - margin_s:
-            dry.add(i)
-        plays_until[i] = max(plays_until[i], at) + audio_s
+    def arrive(at: float, i: int, audio_s: float | None) -> None:
+        if audio_s is not None:
+            if heard[i] and at > plays_until[i] - margin_s:
+                dry.add(i)
+            plays_until[i] = max(plays_until[i], at) + audio_s
         heard[i] = True
         if left[i]:
             heapq.heappush(ready, (1, plays_until[i], i))

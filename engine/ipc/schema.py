@@ -201,6 +201,10 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     # A call that runs alone may take every core (SynthesisJob.alone): the scheduler then
     # gives it every worker of the lane, so that nothing decodes beside it.
     lone_calls: bool = False
+    # A job marked ``leading`` is decoded in pieces whose first audio goes out only once
+    # the rest of its segment can follow at the pace the backend measures: from its first
+    # frame on, the scheduler counts all of that segment's audio as playing without a gap.
+    paced_leading: bool = False
     cloning: bool = False  # prepares registered voices from a reference recording
     instruct: bool = False  # takes a free-text style instruction
     device: str = "cpu"  # where it runs: "cpu" or "cuda"

@@ -212,6 +212,7 @@ class CachePath:
         if joined:
             stream.busy_until = flight.expected_end
             stream.busy_audio_s = flight.expected_audio_s
+            stream.busy_paced, stream.busy_began = flight.paced, False
         self._touch(stream.slot)
 
     def flight_audio(self, flight: Flight, pcm: bytes) -> bool:

@@ -506,6 +506,7 @@ class Scheduler:
         resampler = StreamingResampler(stream.voice.sample_rate, stream.sample_rate)
         flight = self._flights.begin(segment.key, segment.text, lane, resampler)
         flight.expected_end, flight.expected_audio_s = stream.busy_until, stream.busy_audio_s
+        flight.paced = stream.busy_paced
         self._cache_path.listen(flight, stream, utterance, segment, joined=False)
         return Job(flight.slot, flight.generation, segment.utterance, segment.text,
                    segment.voice, resampler, segment, stream, flight=flight)  # fmt: skip

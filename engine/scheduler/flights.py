@@ -64,6 +64,7 @@ class Flight:
     resampler: StreamingResampler  # the voice's rate to the key's
     expected_end: float = 0.0  # monotonic, as the lane's pace predicts
     expected_audio_s: float = 0.0
+    paced: bool = False  # its pieces keep pace once its first audio is out (Stream.busy_paced)
     pcm: bytearray = field(default_factory=bytearray)  # everything produced so far
     words: RelativeWords | None = None  # timed by the backend, once told
     listeners: list[Listener] = field(default_factory=list)

@@ -138,7 +138,7 @@ def lane_for(backend: Backend) -> Lane:
         threads, max_batch = max(1, backend.threads), max(1, backend.max_batch)
         return Lane(
             backend, backend, threads, max_batch, can.independent_calls, can.word_timings,
-            lone_calls=can.lone_calls,
+            lone_calls=can.lone_calls, paced_leading=can.paced_leading,
         )  # fmt: skip
     return Lane(backend, None, times_words=can.word_timings)
 

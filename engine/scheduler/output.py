@@ -54,6 +54,7 @@ class OutputWriter:
         self._stats.audio(len(pcm) // 2, seconds)
         if stream.busy:  # a segment in flight heard in pieces: less of it still to come
             stream.busy_audio_s = max(0.0, stream.busy_audio_s - seconds)
+            stream.busy_began = True
         if stream.record is not None:
             stream.record.pcm += pcm
         if stream.pending or utterance.held:

@@ -126,6 +126,7 @@ def remaining_work(stream: Stream, now: float) -> StreamWork:
         heard=bool(stream.utterances) and stream.utterances[0].start_pos is not None,
         in_flight_s=max(0.0, stream.busy_until - now) if stream.busy else None,
         in_flight_audio_s=stream.busy_audio_s,
+        in_flight_paced=stream.busy and stream.busy_paced and stream.busy_began,
         audio_per_char=stream.audio_per_char or None,
     )
 
@@ -369,3 +370,5 @@ class Policy:
         stream.busy = True
         stream.busy_until = now + lane.call_seconds(chars, alone=alone) * self.cost_factor
         stream.busy_audio_s = rate * chars
+        stream.busy_paced = lane.paced_leading and stream.utterances[0].samples == 0
+        stream.busy_began = False

@@ -117,6 +117,9 @@ class Lane:
     in_flight: int = 0  # workers busy with a batch (a lone call's batch takes them all)
     # A call that runs alone may take every core (its capability record's ``lone_calls``).
     lone_calls: bool = False
+    # A leading segment comes in pieces that keep pace once the first is out (its
+    # capability record's ``paced_leading``).
+    paced_leading: bool = False
     warm_busy: bool = False  # one of them is a warm-up job's (engine/scheduler/warm.py)
     # A call's recent wall time: a fixed cost plus a cost per character of its longest
     # segment (the padded length), fitted to the calls that ran beside others, or while
@@ -223,6 +226,10 @@ class Stream:
     record: SegmentRecord | None = None  # the segment in synthesis, kept for the cache
     busy_until: float = 0.0  # when that segment is expected done (monotonic)
     busy_audio_s: float = 0.0  # and the audio it is expected to give, less what it gave
+    # That segment comes in pieces that keep pace once its first audio is out (the lane's
+    # ``paced_leading``), and some of its audio has come: the rest plays without a gap.
+    busy_paced: bool = False
+    busy_began: bool = False
     audio_per_char: float = 0.0  # this stream's recent seconds of audio per character
     utterances: deque[Utterance] = field(default_factory=deque)
     pending: bytearray = field(default_factory=bytearray)

@@ -58,6 +58,30 @@ def test_a_segment_in_flight_adds_its_audio_when_it_is_done():
     assert run_dry([late], [0.3], PACE, **EXACT) == {0}  # in flight past its audio
 
 
+def test_a_paced_segment_in_flight_plays_its_audio_without_a_gap():
+    """A segment decoded in pieces that keep pace (``in_flight_paced``): once some of it
+    has come, all of its audio is counted as playing from now, and the worker is free
+    when it is done; the next segment is due when that audio runs out."""
+    # 0.2 s in hand, 1 s more of the segment still to come, done in 0.5 s: the next 50
+    # characters take 0.5 s, arriving at 1.0 s, before the 1.2 s of audio runs out
+    paced = StreamWork(
+        (50,), unplayed_s=0.2, heard=True, in_flight_s=0.5, in_flight_audio_s=1.0,
+        in_flight_paced=True,
+    )  # fmt: skip
+    assert run_dry([paced], [0.5], PACE, **EXACT) == set()
+    # the same segment not paced: its audio comes at its end, 0.3 s after the 0.2 s ran out
+    whole = StreamWork((50,), unplayed_s=0.2, heard=True, in_flight_s=0.5, in_flight_audio_s=1.0)
+    assert run_dry([whole], [0.5], PACE, **EXACT) == {0}
+    # paced, but the next segment still comes late: 80 characters (0.8 s) arrive at 1.3 s
+    late = StreamWork(
+        (80,), unplayed_s=0.2, heard=True, in_flight_s=0.5, in_flight_audio_s=1.0,
+        in_flight_paced=True,
+    )  # fmt: skip
+    assert run_dry([late], [0.5], PACE, **EXACT) == {0}
+    # and with the margin: due 0.4 s before the audio runs out
+    assert run_dry([paced], [0.5], PACE, cost_factor=1.0, margin_s=0.4) == {0}
+
+
 def test_a_stream_not_yet_heard_cannot_run_dry_on_its_first_segment():
     assert run_dry([StreamWork((500,))], [0.0], PACE, **EXACT) == set()
 

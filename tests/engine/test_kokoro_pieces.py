@@ -17,8 +17,9 @@ import pytest
 
 from engine.backends.base import SynthesisJob, VoiceSettings, WordTiming
 from engine.backends.kokoro import assets, pieces
-from engine.backends.kokoro.backend import KokoroBackend, installed, leading_cut
+from engine.backends.kokoro.backend import KokoroBackend, declared, installed, leading_cut
 from engine.backends.kokoro.model import tokenize
+from engine.ipc.schema import Capabilities
 from tests.bench import joins
 
 SENTENCE = "您好，欢迎致电客服中心，您的订单已发货，请注意查收。"
@@ -61,8 +62,7 @@ def test_each_piece_is_decoded_before_the_audio_before_it_runs_out() -> None:
         buffered = float(plan[0].end - plan[0].start)
         for piece in plan[1:]:
             cost = (piece.hi - piece.lo) / pace
-            if piece.end < 400:  # the last may hold a short tail merged into it
-                assert cost <= buffered, (pace, piece)
+            assert cost <= buffered, (pace, piece)  # a short tail merged in too
             buffered = buffered - cost + piece.end - piece.start
     # too slow to keep ahead of a 0.4 s first piece: no whole rest, the first audio held
     plan = pieces.schedule(400, 10, 16, 1.2)
@@ -71,6 +71,21 @@ def test_each_piece_is_decoded_before_the_audio_before_it_runs_out() -> None:
     # slower than real time: steady pieces
     plan = pieces.schedule(400, 10, 16, 0.8)
     assert {p.end - p.start for p in plan[1:-1]} == {pieces.STEADY_PIECE}
+
+
+def test_a_worker_that_keeps_ahead_releases_the_first_piece_at_once() -> None:
+    """At two audio-s per second and more, whatever the segment's length and wherever
+    its pauses fall, the first audio goes after the first piece: no piece sized by the
+    pace grows past its room to take a short rest (at 3.0, 140 frames held the first
+    audio for a second piece of 100 frames), and a piece sized to its room exactly is in
+    time (no float rounding holds it)."""
+    rng = np.random.default_rng(7)
+    for pace in (2.0, 2.5, 3.0, 4.0, 5.0):
+        for frames in range(60, 320, 3):
+            for quiet in (None, rng.random(frames + 1)):
+                plan = pieces.schedule(frames, 8, pieces.FIRST_PIECE, pace, quiet=quiet)
+                assert covers(plan, 8, frames)
+                assert pieces.release_after(plan, pace) == 0, (pace, frames, plan)
 
 
 def late_frames(plan: list[pieces.Piece], pace: float, release: int) -> float:
@@ -428,3 +443,15 @@ def test_the_scheduler_s_word_decides_the_lone_session(
     for alone in (False, True, None):
         kokoro.synthesize_batch([SynthesisJob("你好。", voice, alone=alone)], lambda i, pcm: True)
     assert sessions == [None, kokoro._idle_session, kokoro._idle_session]
+
+
+def test_a_backend_decoding_its_leading_segment_in_pieces_declares_it_paced() -> None:
+    """``paced_leading`` (the scheduler counts a leading segment's audio from its first
+    piece) only where leading segments come in pieces; ``lone_calls`` only with an idle
+    session."""
+    base = Capabilities(independent_calls=True, batch=True, word_timings=True)
+    for setting in ("leading", "on"):
+        assert declared(base, idle_session=False, pieces=setting).paced_leading
+    off = declared(base, idle_session=True, pieces="off")
+    assert not off.paced_leading and off.lone_calls
+    assert not declared(base, idle_session=False, pieces="on").lone_calls

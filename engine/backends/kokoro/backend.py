@@ -41,6 +41,12 @@ cores: the backend declares ``lone_calls``, and the scheduler says which job is 
 slows both past their plans: docs/kokoro.md, "Stop 43"); a caller that does not say gets
 the idle session while no other call runs (:meth:`idle`).
 
+A leading segment in pieces goes out only once the rest of it can follow (``_plan``:
+:func:`engine.backends.kokoro.pieces.release_after`), so the backend declares
+``paced_leading``: the scheduler then counts all of such a segment's audio as playing
+from its first frame, and lets an utterance held for its later segments go as soon as
+they can follow that audio (not once the first segment is done).
+
 Speech cache (:meth:`KokoroBackend.cache_identity`): keyed by the sha256 of the graph that
 runs (the int8 model's or the float graph's, both checked against their pins when they
 load), the voice pack's, the leading-silence cut and how frames are decoded (whole or the
@@ -243,6 +249,17 @@ def chosen_graph(env: Mapping[str, str] | None = None, cpuinfo: str | None = Non
 PIECES_CHOICES: Final = ("off", "leading", "on")
 
 
+def declared(base: Capabilities, *, idle_session: bool, pieces: str) -> Capabilities:
+    """What a loaded backend declares beyond ``base``: ``lone_calls`` with an idle
+    session (a lone call decodes on every core), ``paced_leading`` when it decodes a
+    leading segment in pieces (``pieces`` not ``off``: its first audio goes out once the
+    rest can follow, :func:`engine.backends.kokoro.pieces.release_after`)."""
+    return msgspec.structs.replace(
+        base, lone_calls=base.lone_calls or idle_session,
+        paced_leading=base.paced_leading or pieces != "off",
+    )  # fmt: skip
+
+
 def pieces_setting(env: Mapping[str, str] | None = None) -> str:
     """``ENGINE_KOKORO_PIECES``: ``leading`` (the default) decodes an utterance's first
     segment in pieces, ``on`` every segment, ``off`` none."""
@@ -342,8 +359,9 @@ class KokoroBackend:
         self._mandarin = MandarinG2P()
         if any(s.language.startswith("zh") for s in specs):
             self._mandarin.load()  # about 1 s (jieba): not on a caller's first audio
-        if self._idle_session is not None:
-            self.capabilities = msgspec.structs.replace(self.capabilities, lone_calls=True)
+        self.capabilities = declared(
+            self.capabilities, idle_session=self._idle_session is not None, pieces=self.pieces
+        )
         log.info(
             "kokoro: %d voices, %s graph (%s), decoded %s, hop %d%s",
             len(specs), self.graph, self.digest[:12], decoding, self.hop,
@@ -386,11 +404,13 @@ class KokoroBackend:
             return "exported"
         if self.pieces == "off":
             return "whole"
+        # (in-room: a piece sized by the pace no longer grows past its room to take a
+        # short rest, pieces.schedule; entries cut the old way are not served)
         return (
             f"{'pieces' if self.pieces == 'on' else 'leading-pieces'}"
             f"/first{pieces.FIRST_PIECE}/steady{pieces.STEADY_PIECE}/pace-measured/context"
             f"{pieces.LEFT_CONTEXT},{pieces.RIGHT_CONTEXT}/snap{pieces.SNAP_FRAMES}"
-            f"/crossfade{pieces.CROSSFADE}/own"
+            f"/crossfade{pieces.CROSSFADE}/own/in-room"
         )
 
     def idle(self) -> bool:

@@ -51,6 +51,7 @@ PLAN_PACE: Final = 2.0  # the pace a schedule plans with before any piece was ti
 STEADY_PIECE: Final = 64  # frames of each later piece when the pace cannot grow them (1.6 s)
 PACE_SAFETY: Final = 1.25  # a schedule plans at the measured pace divided by this
 RELEASE_MARGIN: Final = 8  # frames (0.2 s) a piece arrives before its audio is due
+ROUNDING: Final = 1e-6  # frames: float sums that are equal in exact arithmetic
 
 Stats = Literal["first", "own"]
 FloatArray = npt.NDArray[np.float32]
@@ -146,8 +147,10 @@ def release_after(plan: Sequence[Piece], pace: float, margin: int = RELEASE_MARG
     begin = plan[0].start
     for k in range(len(plan)):
         # released at done[k]: piece i (> k) is due at done[k] + (its start - begin)
+        # (to a rounding's tolerance: a piece sized by schedule to its room, exactly)
         if all(
-            done[i] + margin <= done[k] + plan[i].start - begin for i in range(k + 1, len(plan))
+            done[i] + margin <= done[k] + plan[i].start - begin + ROUNDING
+            for i in range(k + 1, len(plan))
         ):
             return k
     return len(plan) - 1
@@ -192,8 +195,14 @@ def _join(
     rest would be shorter than twice :data:`MIN_PIECE` (a piece that short costs more
     context than it holds), else the quietest boundary from ``snap`` frames before
     ``target`` to ``snap_after`` after it that leaves both sides at least
-    :data:`MIN_PIECE` (or ``target``)."""
+    :data:`MIN_PIECE` (or ``target``). A piece sized by the pace (``snap_after`` 0) may
+    not grow past its target to take a short rest (it would come late, and the first
+    audio would wait one piece longer): it leaves twice :data:`MIN_PIECE` frames for a
+    last piece instead, where that leaves it :data:`MIN_PIECE` frames itself."""
     if frames - target < 2 * MIN_PIECE:
+        shorter = frames - 2 * MIN_PIECE
+        if snap_after <= 0 and target < frames and shorter >= start + MIN_PIECE:
+            return shorter
         return frames
     if quiet is None or snap <= 0:
         return target

@@ -346,6 +346,37 @@ def test_a_new_utterance_is_held_back_until_its_rest_can_follow() -> None:
     assert not lone.utterances[0].held
 
 
+def test_a_paced_first_segment_lets_the_held_utterance_go_before_it_is_done() -> None:
+    """A backend that paces its leading segment (``paced_leading``: Kokoro in pieces,
+    first audio only once the rest of the segment can follow) has the whole segment's
+    audio counted from its first piece: the utterance goes as soon as its next segment
+    can follow that audio, not once the first segment is done. Deterministic."""
+    from engine.scheduler.output import OutputWriter
+    from engine.scheduler.state import StatsCounter
+
+    opening, rest = "查询话费请按二，办理业务请按三", "余额。"  # 15 and 3 characters
+    writer = OutputWriter(lambda _owner, _message: None, StatsCounter())
+    verdicts = []
+    for paced in (False, True):
+        lane = make_lane(gated=True, threads=1, max_batch=1)
+        lane.paced_leading = paced
+        lane.seconds_per_char = 0.1  # a worker's seconds per character
+        lane.audio_per_char = 0.2  # the opening: 3 s of audio in 1.5 s (x 1.25)
+        stream = make_stream(lane, 1, [opening, rest], voice="zh")
+        rules = Policy()
+        assert lane.batch is not None
+        assert rules.choose(lane, lane.batch, [stream], now=0.0) == [stream]
+        head = stream.utterances[0]
+        assert head.held and stream.busy_paced is paced
+        head.segments.popleft()  # the opening with the worker
+        writer.write(stream, head, b"\0" * int(1.0 * BYTES_PER_SECOND))  # its first piece
+        assert stream.busy_began
+        # 1 s in hand, 2 s more of the opening to come, done in 1.875 s: the rest (3
+        # characters, 0.375 s) arrives at 2.25 s, before the 3 s of audio runs out
+        verdicts.append(rules.may_release(lane, stream, now=0.0))
+    assert verdicts == [False, True]
+
+
 def test_a_held_utterance_is_weighed_again_on_its_progress_or_after_the_recheck_time() -> None:
     """The coordinator polls a stream whose audio waits every few milliseconds, and a held
     one waits: its release is weighed again (a replay of the whole lane) only when its
