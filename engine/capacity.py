@@ -44,6 +44,7 @@ class Pace:
     seconds_per_char: float  # a worker's wall seconds per character of a segment
     audio_per_char: float  # seconds of audio per character of text
     seconds_per_call: float = 0.0  # ... and per segment, whatever its length
+    min_call_seconds: float = 0.0  # no segment costs less (the fastest call seen)
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ def run_dry(
         raise ValueError("min_piece_chars must be at least 1")
     char_cost = pace.seconds_per_char * cost_factor
     call_cost = pace.seconds_per_call * cost_factor
+    floor_cost = pace.min_call_seconds * cost_factor
     free = sorted(max(0.0, f) for f in workers_free_in) or [0.0]
     heapq.heapify(free)
     plays_until = [s.unplayed_s for s in streams]
@@ -183,7 +185,7 @@ def run_dry(
             if piece >= min_piece_chars and piece < chars:  # the lane cuts: a piece now
                 left[i].insert(0, chars - piece)
                 chars = piece
-        done = worker + call_cost + chars * char_cost
+        done = worker + max(floor_cost, call_cost + chars * char_cost)
         heapq.heappush(arrivals, (done, i, chars * rate[i]))
         heapq.heappush(free, done)
     return dry

@@ -97,6 +97,11 @@ FIRST_SEGMENT_MAX_CJK_CHARS: Final = 12
 #: The bounded cut is not made when the clause visibly ends within this many more words:
 #: "This is sentence number zero of a long | prompt." would strand its last word.
 FIRST_SEGMENT_TAIL_WORDS: Final = 3
+#: ... or within this many more CJK characters: "我们将会尽快为您转接人工 | 服务。" left a
+#: two-character segment, spoken as a sentence of its own after a clause's pause, and
+#: costing a neural voice a whole call (about 1 s for Kokoro on a slow CPU, while the
+#: 12 characters before it played: a hole when it came late).
+FIRST_SEGMENT_TAIL_CJK_CHARS: Final = 4
 #: Context (characters either side) given to the word segmenter to decide whether a
 #: position between CJK characters is a word boundary.
 _WORD_WINDOW: Final = 6
@@ -197,6 +202,15 @@ def _clause_ends_soon(text: str, i: int) -> bool:
             words += 1
             if words > FIRST_SEGMENT_TAIL_WORDS:
                 return False
+    return False
+
+
+def _cjk_clause_ends_soon(text: str, i: int) -> bool:
+    """Whether a clause or sentence end follows ``text[i]`` within
+    :data:`FIRST_SEGMENT_TAIL_CJK_CHARS` more characters of the text received so far."""
+    for ch in text[i : i + FIRST_SEGMENT_TAIL_CJK_CHARS + 1]:
+        if ch in SENTENCE_END or ch in CLAUSE_END:
+            return True
     return False
 
 
@@ -411,7 +425,7 @@ class SegmentSplitter:
                 not self._cut_speech
                 and i > start
                 and (
-                    cjk >= self.first_segment_max_cjk_chars
+                    (cjk >= self.first_segment_max_cjk_chars and not _cjk_clause_ends_soon(text, i))
                     or (words >= self.first_segment_max_words and not _clause_ends_soon(text, i))
                 )
             ):

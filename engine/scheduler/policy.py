@@ -149,6 +149,7 @@ def observe_pace(lane: Lane, seconds: float, chars: int, *, alone: bool = False)
     (lane.alone_fit if alone else lane.fit).observe(chars, seconds)
     fit = lane.fit if lane.fit.calls else lane.alone_fit
     lane.seconds_per_call, lane.seconds_per_char = fit.line()
+    lane.fastest_call = fit.fastest
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ class Policy:
                 if not may_start:
                     continue
                 head = stream.utterances[0]
-                head.held = lane.seconds_per_char > 0.0 and len(segment_chars(stream)) > 1
+                head.held = len(segment_chars(stream)) > 1
             elif lane.gated:
                 self.fit_next_segment(lane, stream)
             key = stream_key
@@ -298,7 +299,10 @@ class Policy:
         if unplayed_s(stream) >= MAX_HELD_S:
             return True  # a bound on what a stream keeps back (memory)
         if lane.seconds_per_char == 0.0:
-            return True
+            # no pace measured yet (the lane's first calls): nothing tells whether the
+            # rest can follow, so it waits for the first call to be timed (a fresh
+            # engine's first Kokoro utterance on a slow CPU played its clause, then a hole)
+            return False
         return self._replay(lane, self._workers(lane, (), now)).keeps_pace(
             remaining_work(stream, now),
             [remaining_work(s, now) for s in self._committed(lane, stream)],
@@ -335,6 +339,7 @@ class Policy:
             lane.seconds_per_char,
             lane.audio_per_char or AUDIO_PER_CHAR_PRIOR,
             lane.seconds_per_call,
+            lane.fastest_call,
         )
 
     def fit_next_segment(self, lane: Lane, stream: Stream) -> None:

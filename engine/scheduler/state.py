@@ -78,7 +78,8 @@ class Utterance:
     dispatched: bool = False  # a segment of it went to synthesis: the deadline is over
     # Its audio is kept back from the ring (in the stream's ``pending``) until the rest
     # of it can follow without a gap (Policy.may_release): a new utterance in a gated
-    # lane that measured its pace, with more than its first segment to synthesize.
+    # lane, with more than its first segment to synthesize (released once its lane has
+    # measured its pace and the replay says so, or nothing of it is left to do).
     held: bool = False
     # When the release was last weighed, and the utterance's progress then (segments
     # left, in flight, samples made): Policy.recheck_release.
@@ -126,6 +127,8 @@ class Lane:
     # there were none yet, to those that ran alone (engine/scheduler/pace.py).
     seconds_per_call: float = 0.0
     seconds_per_char: float = 0.0
+    # ... and no call below the fastest that fit has seen (PaceFit.fastest)
+    fastest_call: float = 0.0
     # The fits: calls that ran beside another of the lane's, and calls that ran alone
     # (a backend may give a lone call every core: Kokoro's idle session).
     fit: PaceFit = field(default_factory=PaceFit)
@@ -144,10 +147,12 @@ class Lane:
         characters; ``alone``: one that runs while the lane runs nothing else (at the
         pace of such calls once one was measured)."""
         if alone and self.alone_fit.calls:
-            per_call, per_char = self.alone_fit.line()
+            (per_call, per_char), fastest = self.alone_fit.line(), self.alone_fit.fastest
         else:
-            per_call, per_char = self.seconds_per_call, self.seconds_per_char
-        return per_call + per_char * chars
+            per_call, per_char, fastest = (
+                self.seconds_per_call, self.seconds_per_char, self.fastest_call
+            )  # fmt: skip
+        return max(fastest, per_call + per_char * chars)
 
     def begin(
         self,

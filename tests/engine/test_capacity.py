@@ -156,3 +156,13 @@ def test_a_fixed_cost_per_segment_is_paid_by_every_segment():
     long = playing(0.5, 100)
     assert run_dry([long], [0.0], fixed, **EXACT, min_piece_chars=10) == set()
     assert run_dry([long], [0.0], fixed, **EXACT, min_piece_chars=30) == {0}
+
+
+def test_no_segment_costs_less_than_the_fastest_call() -> None:
+    """``min_call_seconds``: the replay prices no segment below it (a fixed cost the line
+    may not know yet). 0.2 s in hand, the next 5 characters 0.05 s by the line: in time;
+    at a floor of 0.3 s: late."""
+    stream = StreamWork((5,), unplayed_s=0.2, heard=True)
+    assert run_dry([stream], [0.0], PACE, **EXACT) == set()
+    floored = Pace(seconds_per_char=0.01, audio_per_char=0.06, min_call_seconds=0.3)
+    assert run_dry([stream], [0.0], floored, **EXACT) == {0}

@@ -610,6 +610,17 @@ def test_first_segment_is_bounded_in_chinese_characters():
     assert split_char_by_char(text, language="zh-CN") == segments
 
 
+def test_chinese_bound_strands_no_last_characters():
+    """A sentence that ends within FIRST_SEGMENT_TAIL_CJK_CHARS more characters is not cut
+    at the bound (a two-character segment is a whole call and a sentence of its own)."""
+    text = "我们将会尽快为您转接人工服务。"
+    assert split_at_once(text, language="zh-CN") == ["我们将会尽快为您转接人工服务."]
+    assert split_char_by_char(text, language="zh-CN") == ["我们将会尽快为您转接人工服务."]
+    # five more characters: cut as before
+    longer = "我们将会尽快为您转接人工服务请稍候。"
+    assert len(split_at_once(longer, language="zh-CN")) == 2
+
+
 def test_chinese_bound_never_splits_a_date():
     text = "您好请您准备好您的银行卡和身份证件我们将在2026年12月3日联系您。"
     segments = split_at_once(text, language="zh-CN")

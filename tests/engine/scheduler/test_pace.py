@@ -120,3 +120,25 @@ def test_a_lone_call_gets_every_worker_only_when_nothing_else_of_the_lane_waits(
     one_thread = make_lane(gated=True, threads=1, max_batch=1)
     one_thread.lone_calls = True
     assert not one_thread.runs_alone([make_stream(one_thread, 0, ["z"])])
+
+
+def test_no_call_is_priced_below_the_fastest_one_seen() -> None:
+    """Through the origin (the fit's fallback) a short segment is priced at a fraction of
+    what it takes: the fastest call seen is a floor (a Kokoro segment of three Mandarin
+    characters took 0.98 s on a slow CPU, priced at 0.53 s, and came late)."""
+    fit = PaceFit()
+    assert fit.fastest == 0.0
+    for chars, seconds in ((12, 2.0), (14, 2.3), (12, 2.1)):  # one length: the fallback
+        fit.observe(chars, seconds)
+    assert fit.line()[0] == 0.0 and fit.fastest == 2.0
+    fit.observe(3, 0.98)
+    assert fit.fastest == 0.98
+    lane = make_lane(gated=True, threads=2, max_batch=1)
+    for chars, seconds in ((12, 2.0), (14, 2.3), (12, 2.1)):
+        policy.observe_pace(lane, seconds, chars)
+    assert lane.fastest_call == 2.0
+    assert lane.call_seconds(3) == pytest.approx(2.0)  # not 3 x 0.17 s
+    assert lane.call_seconds(20) == pytest.approx(20 * lane.seconds_per_char)
+    policy.observe_pace(lane, 0.9, 3, alone=True)  # a lone call: its own floor
+    assert lane.call_seconds(1, alone=True) == pytest.approx(0.9)
+    assert lane.fastest_call == 2.0

@@ -377,6 +377,30 @@ def test_a_paced_first_segment_lets_the_held_utterance_go_before_it_is_done() ->
     assert verdicts == [False, True]
 
 
+def test_before_its_lane_has_a_pace_a_new_utterance_waits_to_be_released() -> None:
+    """A lane that has timed no call cannot tell whether an utterance's later segments
+    can follow its first: a new utterance with more than one segment is held until the
+    lane has a pace (then the replay decides) or nothing of it is left to do (a fresh
+    engine's first Kokoro utterance on a slow CPU played its clause, then a hole)."""
+    from engine.scheduler.output import OutputWriter
+    from engine.scheduler.state import StatsCounter
+
+    lane = make_lane(gated=True, threads=1, max_batch=1)
+    stream = make_stream(lane, 1, ["所有客服人员正忙，", "您的来电对我们非常重要。"], voice="zh")
+    rules = Policy()
+    assert lane.batch is not None and lane.seconds_per_char == 0.0
+    assert rules.choose(lane, lane.batch, [stream], now=0.0) == [stream]
+    head = stream.utterances[0]
+    assert head.held
+    head.segments.popleft()
+    stream.busy = False
+    writer = OutputWriter(lambda _owner, _message: None, StatsCounter())
+    writer.write(stream, head, b"\0" * int(1.8 * BYTES_PER_SECOND))
+    assert not rules.may_release(lane, stream, now=0.0)  # no pace: it waits
+    policy.observe_pace(lane, 0.4, 9)  # the clause took 0.4 s: 12 characters take 0.53 s
+    assert rules.may_release(lane, stream, now=0.0)
+
+
 def test_a_held_utterance_is_weighed_again_on_its_progress_or_after_the_recheck_time() -> None:
     """The coordinator polls a stream whose audio waits every few milliseconds, and a held
     one waits: its release is weighed again (a replay of the whole lane) only when its
