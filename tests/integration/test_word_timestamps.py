@@ -63,6 +63,10 @@ def words_of(client: NativeClient) -> list[dict[str, object]]:
     return [w for e in client.got.of_type("words") for w in e["words"]]
 
 
+# Runs alone: how far a segment's words may trail its first frames (10 frames) is a bound
+# on the engine's synthesis time, which the parallel suite's load on a slow machine broke
+# (13 frames on machine H, docs/testing.md).
+@pytest.mark.realtime
 async def test_word_timestamps_match_espeak_s_word_events_and_arrive_with_their_audio(
     connect: Connect, reference: list[tuple[str, float, float]]
 ) -> None:
