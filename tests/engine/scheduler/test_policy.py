@@ -14,8 +14,9 @@ from engine.backends.synthetic import SyntheticBackend, ToneVoice
 from engine.ipc.boundaries import BoundaryWriter
 from engine.ipc.ring import SpscRing
 from engine.scheduler import policy
+from engine.scheduler.output import OutputWriter
 from engine.scheduler.policy import AUDIO_PER_CHAR_PRIOR, Policy, segment_chars
-from engine.scheduler.state import Lane, RunningBatch, Stream, Utterance
+from engine.scheduler.state import Lane, RunningBatch, StatsCounter, Stream, Utterance
 from engine.text import MIN_FIT_CHARS
 from telephony.codecs.resample import StreamingResampler
 
@@ -254,9 +255,6 @@ def test_a_segment_heard_in_pieces_counts_only_its_rest_as_still_to_come() -> No
     segment) adds only the audio still to come when it ends: that already written is in
     the ring, counted once (before, both: a call's slack looked a piece longer than it
     was, and the lane admitted the next caller into a hole)."""
-    from engine.scheduler.output import OutputWriter
-    from engine.scheduler.state import StatsCounter
-
     lane = make_lane(gated=True, threads=1, max_batch=1)
     lane.seconds_per_char = 0.02
     stream = make_stream(lane, 1, ["x" * 40])
@@ -292,29 +290,37 @@ def test_a_kokoro_lane_refuses_a_mandarin_newcomer_it_cannot_pace() -> None:
     assert rules.can_start(lane, new, [], now=0.0)
 
 
-def test_a_new_utterance_is_held_back_until_its_rest_can_follow() -> None:
-    """One call alone on a lane whose worker is barely faster than real time (Kokoro's
-    Mandarin on a slow CPU): its short first clause is kept back from the ring until the
-    next sentence would arrive before that audio runs out; then it all goes at once.
-    Deterministic: the replay, no clock."""
-    from engine.scheduler.output import OutputWriter
-    from engine.scheduler.state import StatsCounter
-
-    lane = make_lane(gated=True, threads=1, max_batch=1)
-    lane.seconds_per_char = 0.18  # a worker's seconds per character
-    lane.audio_per_char = 0.2  # ... for 0.2 s of audio: just faster than real time
-    clause, sentence = "所有客服人员正忙，", "您的来电对我们非常重要。"
-    stream = make_stream(lane, 1, [clause, sentence], voice="zh")
+def held_with_its_clause_heard(
+    lane: Lane, texts: list[str], heard_s: float
+) -> tuple[Stream, Policy, OutputWriter]:
+    """A new utterance of ``texts`` chosen on ``lane`` (held back: more than one segment),
+    its first segment done and ``heard_s`` of its audio made (kept back)."""
+    stream = make_stream(lane, 1, texts, voice="zh")
     rules = Policy()
     assert lane.batch is not None
     assert rules.choose(lane, lane.batch, [stream], now=0.0) == [stream]
     head = stream.utterances[0]
     assert head.held
-    # the clause's 1.8 s arrives; the 12-character sentence needs 2.7 s of the worker
     head.segments.popleft()
     stream.busy = False
     writer = OutputWriter(lambda _owner, _message: None, StatsCounter())
-    writer.write(stream, head, b"\0" * int(1.8 * BYTES_PER_SECOND))
+    writer.write(stream, head, b"\0" * int(heard_s * BYTES_PER_SECOND))
+    return stream, rules, writer
+
+
+def test_a_new_utterance_is_held_back_until_its_rest_can_follow() -> None:
+    """One call alone on a lane whose worker is barely faster than real time (Kokoro's
+    Mandarin on a slow CPU): its short first clause is kept back from the ring until the
+    next sentence would arrive before that audio runs out; then it all goes at once.
+    Deterministic: the replay, no clock."""
+    lane = make_lane(gated=True, threads=1, max_batch=1)
+    lane.seconds_per_char = 0.18  # a worker's seconds per character
+    lane.audio_per_char = 0.2  # ... for 0.2 s of audio: just faster than real time
+    clause, sentence = "所有客服人员正忙，", "您的来电对我们非常重要。"
+    # the clause's 1.8 s arrives; the 12-character sentence needs 2.7 s of the worker
+    stream, rules, writer = held_with_its_clause_heard(lane, [clause, sentence], 1.8)
+    head = stream.utterances[0]
+    assert lane.batch is not None
     assert writer.flush(stream) and stream.ring.readable_bytes() == 0  # kept back
     assert not rules.may_release(lane, stream, now=0.0)
     # the sentence in flight, done in 0.3 s: the clause can go
@@ -351,9 +357,6 @@ def test_a_paced_first_segment_lets_the_held_utterance_go_before_it_is_done() ->
     first audio only once the rest of the segment can follow) has the whole segment's
     audio counted from its first piece: the utterance goes as soon as its next segment
     can follow that audio, not once the first segment is done. Deterministic."""
-    from engine.scheduler.output import OutputWriter
-    from engine.scheduler.state import StatsCounter
-
     opening, rest = "查询话费请按二，办理业务请按三", "余额。"  # 15 and 3 characters
     writer = OutputWriter(lambda _owner, _message: None, StatsCounter())
     verdicts = []
@@ -382,20 +385,10 @@ def test_before_its_lane_has_a_pace_a_new_utterance_waits_to_be_released() -> No
     can follow its first: a new utterance with more than one segment is held until the
     lane has a pace (then the replay decides) or nothing of it is left to do (a fresh
     engine's first Kokoro utterance on a slow CPU played its clause, then a hole)."""
-    from engine.scheduler.output import OutputWriter
-    from engine.scheduler.state import StatsCounter
-
     lane = make_lane(gated=True, threads=1, max_batch=1)
-    stream = make_stream(lane, 1, ["所有客服人员正忙，", "您的来电对我们非常重要。"], voice="zh")
-    rules = Policy()
-    assert lane.batch is not None and lane.seconds_per_char == 0.0
-    assert rules.choose(lane, lane.batch, [stream], now=0.0) == [stream]
-    head = stream.utterances[0]
-    assert head.held
-    head.segments.popleft()
-    stream.busy = False
-    writer = OutputWriter(lambda _owner, _message: None, StatsCounter())
-    writer.write(stream, head, b"\0" * int(1.8 * BYTES_PER_SECOND))
+    assert lane.seconds_per_char == 0.0
+    texts = ["所有客服人员正忙，", "您的来电对我们非常重要。"]
+    stream, rules, _writer = held_with_its_clause_heard(lane, texts, 1.8)
     assert not rules.may_release(lane, stream, now=0.0)  # no pace: it waits
     policy.observe_pace(lane, 0.4, 9)  # the clause took 0.4 s: 12 characters take 0.53 s
     assert rules.may_release(lane, stream, now=0.0)
@@ -406,9 +399,6 @@ def test_a_held_utterance_is_weighed_again_on_its_progress_or_after_the_recheck_
     one waits: its release is weighed again (a replay of the whole lane) only when its
     own utterance moved on (a segment done, audio made) or RELEASE_RECHECK_S after the
     last time, so the lane's other changes reach it within that. Deterministic: no clock."""
-    from engine.scheduler.output import OutputWriter
-    from engine.scheduler.state import StatsCounter
-
     lane = make_lane(gated=True, threads=1, max_batch=1)
     lane.seconds_per_char = 0.18
     lane.audio_per_char = 0.2
