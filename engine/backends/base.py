@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -143,12 +143,15 @@ class SynthesisJob:
     ``alone``: whether the job runs while its backend runs nothing else, as the scheduler
     decided (it then starts nothing beside it: a backend that declares ``lone_calls`` may
     give the job every core); None: not said (a caller without a scheduler), the backend
-    judges by what it runs."""
+    judges by what it runs. ``narrowed``: given with a lone job; the backend calls it (at
+    most once) when the job goes on with one core, its first audio out, so that the
+    scheduler may start another job on the cores it no longer uses."""
 
     text: str
     voice: object
     leading: bool = False
     alone: bool | None = None
+    narrowed: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
 
 # Receives (job index, int16 PCM of that job); False: that job is no longer wanted. An

@@ -42,6 +42,7 @@ from engine.scheduler.lanes import (
     BatchDone,
     InlineLane,
     Job,
+    Narrowed,
     Segment,
     Words,
     WorkerPool,
@@ -327,15 +328,8 @@ class Scheduler:
             self._segment_done(stream, utterance, segment, timed, told=False)
         self._touch(stream.slot)
 
-    def _segment_done(
-        self,
-        stream: Stream,
-        utterance: Utterance,
-        segment: Segment,
-        timed: RelativeWords | None,
-        *,
-        told: bool,
-    ) -> None:
+    def _segment_done(self, stream: Stream, utterance: Utterance, segment: Segment,
+                      timed: RelativeWords | None, *, told: bool) -> None:  # fmt: skip
         """``segment``, synthesized for ``stream`` alone, is complete and wanted."""
         cancelled = self._generations.current(stream.slot) != stream.generation
         self._cache_path.record_done(stream, utterance, segment, timed, told=told,
@@ -520,6 +514,8 @@ class Scheduler:
             self._cache_path.take_fetched(result)
         elif isinstance(result, commands.WarmFetched):
             self._warm_ups.take_fetched(result)
+        elif isinstance(result, Narrowed):
+            result.batch.lane.narrow(id(result.batch), self._policy.cost_factor)
         else:
             self._batch_done(result)
 
@@ -559,10 +555,9 @@ class Scheduler:
     def _batch_done(self, done: BatchDone) -> None:
         lane = done.batch.lane
         running = lane.finish(id(done.batch))
-        if done.error is None:  # a padded batch takes as long as its longest segment
-            alone = running is not None and running.alone and not running.overlapped
+        if done.error is None:
             chars = max(len(job.text) for job in done.batch.jobs)
-            policy.observe_pace(lane, done.seconds, chars, alone=alone)
+            policy.observe_batch(lane, running, done.seconds, chars)
         self._counters.synthesized(len(done.batch.jobs), done.seconds)
         for job in done.batch.jobs:
             if job.flight is not None:

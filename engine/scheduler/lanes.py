@@ -128,7 +128,14 @@ class BatchDone:
     seconds: float
 
 
-Result = Audio | Words | BatchDone
+@dataclass(frozen=True)
+class Narrowed:
+    """A lone batch goes on with one core (its backend said so: SynthesisJob.narrowed)."""
+
+    batch: Batch
+
+
+Result = Audio | Words | BatchDone | Narrowed
 
 
 def lane_for(backend: Backend) -> Lane:
@@ -277,7 +284,8 @@ class WorkerPool:
 
         started = time.perf_counter()
         error: tuple[str, str] | None = None
-        segments = [SynthesisJob(j.text, j.voice, j.leading, batch.alone) for j in jobs]
+        narrowed = (lambda: self._put(Narrowed(batch))) if batch.alone else None
+        segments = [SynthesisJob(j.text, j.voice, j.leading, batch.alone, narrowed) for j in jobs]
         try:
             if self._lane.times_words:
                 self._batch.synthesize_batch(segments, emit, timed)

@@ -13,7 +13,7 @@ from typing import Literal
 
 from engine.backends.base import BatchSynthesizer
 from engine.capacity import COST_FACTOR, MARGIN_S, Pace, Replay, StreamWork, can_start
-from engine.scheduler.state import CutSegment, Lane, Stream, held
+from engine.scheduler.state import CutSegment, Lane, RunningBatch, Stream, held
 from engine.text import MIN_FIT_CHARS, split_to_fit
 
 # A playing stream goes before new utterances while it holds less unplayed audio than
@@ -150,6 +150,17 @@ def observe_pace(lane: Lane, seconds: float, chars: int, *, alone: bool = False)
     fit = lane.fit if lane.fit.calls else lane.alone_fit
     lane.seconds_per_call, lane.seconds_per_char = fit.line()
     lane.fastest_call = fit.fastest
+
+
+def observe_batch(lane: Lane, running: RunningBatch | None, seconds: float, chars: int) -> None:
+    """A batch of ``lane`` that ran as ``running`` says (None: not known) ended after
+    ``seconds``, its longest segment ``chars`` characters (a padded batch takes as long
+    as that one): a call that ran alone, or beside others; one that began alone and went
+    on with one core (``narrowed``) ran as neither, and says nothing of either pace."""
+    if running is not None and running.narrowed:
+        return
+    alone = running is not None and running.alone and not running.overlapped
+    observe_pace(lane, seconds, chars, alone=alone)
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,7 @@ class RunningBatch:
     alone: bool = False  # began while the lane ran nothing else
     workers: int = 1  # of the lane's (every one: a lone call, Lane.lone_calls)
     overlapped: bool = False  # another batch began while it ran
+    narrowed: bool = False  # began alone and went on with one core (Lane.narrow)
     streams: tuple[Stream, ...] = ()  # whose segments it synthesizes
 
 
@@ -178,13 +179,29 @@ class Lane:
                 continue
             running.overlapped = True
             if running.alone:
-                shared = running.started + self.call_seconds(running.chars) * cost_factor
-                running.end = max(running.end, shared)
-                for stream in running.streams:
-                    if stream.busy:
-                        stream.busy_until = max(stream.busy_until, running.end)
+                self._expect_shared(running, cost_factor)
         self.in_flight += batch.workers
         self.running[key] = batch
+
+    def narrow(self, key: int, cost_factor: float) -> None:
+        """The lone batch ``key`` goes on with one core (its backend said so, its first
+        audio out): the lane's other workers are free for another batch, and it and its
+        streams are expected done at the shared pace (``cost_factor`` its safety)."""
+        running = self.running.get(key)
+        if running is None or running.workers == 1:
+            return
+        self.in_flight -= running.workers - 1
+        running.workers, running.narrowed = 1, True
+        self._expect_shared(running, cost_factor)
+
+    def _expect_shared(self, running: RunningBatch, cost_factor: float) -> None:
+        """``running`` began alone and shares the cores from now on: it and its streams
+        are expected done when the shared pace says (never earlier than before)."""
+        shared = running.started + self.call_seconds(running.chars) * cost_factor
+        running.end = max(running.end, shared)
+        for stream in running.streams:
+            if stream.busy:
+                stream.busy_until = max(stream.busy_until, running.end)
 
     def finish(self, key: int) -> RunningBatch | None:
         """The batch ``key`` (its ``id``) is done: what was known of it."""

@@ -265,6 +265,9 @@ def run_one(
         "first_audio_p95_ms": fa["p95"],
         "first_audio_p99_ms": fa["p99"],
         "underruns": underruns,
+        # stalls at the caller: frames that came over the jitter bound late (the client's
+        # count, beside the gateway's underruns)
+        "late_frames": level["client"]["late_frames"],
         "errors": errors,
         "error_codes": dict(level["client"]["errors"]),
         "warm_up": warm,
@@ -282,7 +285,8 @@ def run_one(
         f"  => {name}: first audio p50 {fa['p50']} p95 {fa['p95']} p99 {fa['p99']} ms; "
         f"hit p99 {row['first_audio_hit']['p99']} ms, miss p99 {row['first_audio_miss']['p99']}"
         f" ms; hit ratio {row['hit_ratio']}; joins {row['joins']}; synthesized per played "
-        f"{row['synthesized_per_played']}; underruns {underruns}; errors {errors} "
+        f"{row['synthesized_per_played']}; underruns {underruns}; late frames "
+        f"{row['late_frames']}; errors {errors} "
         f"{row['error_codes'] or ''}; "
         f"meets {row['meets']}",
         flush=True,
@@ -298,9 +302,9 @@ def render(body: dict[str, Any]) -> str:
         f"/ p99 <= {P99_MS:.0f} ms:",
         "",
         "| lang | cache | calls | first audio p50 / p95 / p99 (ms) | hit p50 / p99 | "
-        "miss p50 / p99 | hit ratio | joins | synthesized / played | underruns | errors "
-        "| meets |",
-        "|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---|",
+        "miss p50 / p99 | hit ratio | joins | synthesized / played | underruns | late frames "
+        "| errors | meets |",
+        "|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in body["levels"]:
         hit, miss = r["first_audio_hit"], r["first_audio_miss"]
@@ -310,7 +314,8 @@ def render(body: dict[str, Any]) -> str:
             f"{r['first_audio_p95_ms']} / {r['first_audio_p99_ms']} | {hit['p50']} / "
             f"{hit['p99']} ({hit['count']}) | {miss['p50']} / {miss['p99']} ({miss['count']}) | "
             f"{r['hit_ratio']} | {r.get('joins')} | {r.get('synthesized_per_played')} | "
-            f"{r['underruns']} | {r['errors']} | {'yes' if r['meets'] else 'no'} |"
+            f"{r['underruns']} | {r.get('late_frames')} | {r['errors']} | "
+            f"{'yes' if r['meets'] else 'no'} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -455,3 +455,72 @@ def test_a_backend_decoding_its_leading_segment_in_pieces_declares_it_paced() ->
     off = declared(base, idle_session=True, pieces="off")
     assert not off.paced_leading and off.lone_calls
     assert not declared(base, idle_session=False, pieces="on").lone_calls
+
+
+def lone_job_sessions(
+    kokoro: KokoroBackend, monkeypatch: pytest.MonkeyPatch, *, narrowing: bool
+) -> tuple[list[object], list[tuple[str, int]], np.ndarray]:
+    """A lone job of :data:`SENTENCE` (the scheduler's ``alone``), given ``narrowed``
+    when ``narrowing``: the session of each decoder run, the audio and narrowing events
+    (each with the decoder runs before it), and the audio."""
+    assert kokoro.model is not None
+    voice = kokoro.resolve_voice(VoiceSettings("zh-yunxi"))
+    sessions: list[object] = []
+    events: list[tuple[str, int]] = []
+    chunks: list[np.ndarray] = []
+    decode = kokoro.model.decode
+
+    def spied(features: Any, lo: int, hi: int, given: Any, session: Any = None) -> Any:
+        sessions.append(session)
+        return decode(features, lo, hi, given, session)
+
+    def emit(_index: int, pcm: np.ndarray) -> bool:
+        events.append(("audio", len(sessions)))
+        chunks.append(pcm)
+        return True
+
+    def narrowed() -> None:
+        events.append(("narrowed", len(sessions)))
+
+    monkeypatch.setattr(kokoro, "pieces", "leading")
+    monkeypatch.setattr(kokoro.model, "decode", spied)
+    job = SynthesisJob(SENTENCE, voice, True, True, narrowed if narrowing else None)
+    kokoro.synthesize_batch([job], emit)
+    monkeypatch.undo()
+    return sessions, events, np.concatenate(chunks)
+
+
+@needs_model
+def test_a_lone_call_goes_on_one_core_once_its_first_audio_is_out(
+    kokoro: KokoroBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone job that may narrow, where one core keeps ahead of its audio: its first
+    piece on the idle session (both threads), then ``narrowed`` once, after that first
+    audio went out and before the next piece, and the rest on the shared session (the
+    scheduler starts a newcomer on the freed core); the same audio as decoded on both
+    cores throughout. Not given ``narrowed`` (a caller without a scheduler), it keeps
+    both cores."""
+    set_pace(monkeypatch, kokoro, 8.0)
+    sessions, events, narrowed_audio = lone_job_sessions(kokoro, monkeypatch, narrowing=True)
+    idle = kokoro._idle_session
+    assert len(sessions) >= 2 and sessions[0] is idle
+    assert sessions[1:] == [None] * (len(sessions) - 1)
+    assert events[:2] == [("audio", 1), ("narrowed", 1)]
+    assert [e for e in events if e[0] == "narrowed"] == [("narrowed", 1)]
+    set_pace(monkeypatch, kokoro, 8.0)
+    sessions, events, whole_audio = lone_job_sessions(kokoro, monkeypatch, narrowing=False)
+    assert sessions == [idle] * len(sessions) and all(e[0] == "audio" for e in events)
+    np.testing.assert_array_equal(narrowed_audio, whole_audio)
+
+
+@needs_model
+def test_a_lone_call_keeps_both_cores_when_one_would_hold_its_first_audio_longer(
+    kokoro: KokoroBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared session's pace below real time and the idle one's well above: pieces
+    for one core would hold the first audio back, so the lone job never narrows."""
+    set_pace(monkeypatch, kokoro, 8.0)
+    monkeypatch.setattr(kokoro, "pace", pieces.PaceMeter(0.6 * pieces.PACE_SAFETY))
+    sessions, events, _ = lone_job_sessions(kokoro, monkeypatch, narrowing=True)
+    assert len(sessions) >= 2 and sessions == [kokoro._idle_session] * len(sessions)
+    assert all(kind == "audio" for kind, _ in events)

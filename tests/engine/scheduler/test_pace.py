@@ -122,6 +122,40 @@ def test_a_lone_call_gets_every_worker_only_when_nothing_else_of_the_lane_waits(
     assert not one_thread.runs_alone([make_stream(one_thread, 0, ["z"])])
 
 
+def test_a_lone_call_that_narrows_frees_a_worker_and_is_expected_at_the_shared_pace() -> None:
+    """A lone batch whose backend goes on with one core once its first audio is out
+    (SynthesisJob.narrowed): the lane's other worker is free for a newcomer, and the
+    batch and its stream are expected done at the shared pace from when it began."""
+    lane = make_lane(gated=True, threads=2, max_batch=1)
+    lane.lone_calls = True
+    policy.observe_pace(lane, 0.5, 10, alone=True)  # alone: 0.05 s a character
+    policy.observe_pace(lane, 1.0, 10)  # beside another: 0.1
+    first = make_stream(lane, 0, ["x" * 10])
+    rules = policy.Policy(cost_factor=1.25)
+    rules.mark_busy(lane, first, now=0.0, alone=True)
+    lane.begin(1, first.busy_until, 10, 0.0, 1.25, streams=[first], lone=True)
+    assert lane.in_flight == 2
+    assert policy.Policy._workers(lane, (), 0.3) == pytest.approx([0.325, 0.325])
+    lane.narrow(1, 1.25)
+    assert lane.in_flight == 1 and lane.running[1].workers == 1 and lane.running[1].narrowed
+    assert lane.running[1].end == pytest.approx(1.25) and first.busy_until == pytest.approx(1.25)
+    assert policy.Policy._workers(lane, (), now=0.3) == pytest.approx([0.95, 0.0])
+    lane.narrow(1, 1.25)  # (said twice, or of a batch the lane no longer runs: nothing)
+    lane.narrow(99, 1.25)
+    assert lane.in_flight == 1
+    second = make_stream(lane, 1, ["y" * 10])
+    assert not lane.runs_alone([second])  # the newcomer shares the cores
+    lane.begin(2, 1.55, 10, 0.3, 1.25, streams=[second])
+    assert lane.in_flight == 2 and lane.running[1].end == pytest.approx(1.25)
+    # Its time says nothing of either pace (both cores, then one); the newcomer's does.
+    fits = (lane.fit.calls, lane.alone_fit.calls)
+    policy.observe_batch(lane, lane.finish(1), 0.9, 10)
+    assert (lane.fit.calls, lane.alone_fit.calls) == fits
+    policy.observe_batch(lane, lane.finish(2), 1.1, 10)
+    assert (lane.fit.calls, lane.alone_fit.calls) == (fits[0] + 1, fits[1])
+    assert lane.in_flight == 0
+
+
 def test_no_call_is_priced_below_the_fastest_one_seen() -> None:
     """Through the origin (the fit's fallback) a short segment is priced at a fraction of
     what it takes: the fastest call seen is a floor (a Kokoro segment of three Mandarin
