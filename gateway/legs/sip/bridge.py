@@ -291,8 +291,8 @@ class SipBridge(asyncio.DatagramProtocol):
         core = self._require_core()
         try:
             media = await open_media(self._ports, self.settings.listen[0], _PendingSink())
-        except PortRangeExhausted:
-            log.warning("sip: no RTP port for call %s", event.call_id[:64])
+        except PortRangeExhausted as exc:
+            log.warning("sip: no RTP port for call %s: %s", event.call_id[:64], exc)
             core.reject(
                 event.dialog,
                 503,

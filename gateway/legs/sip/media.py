@@ -166,6 +166,16 @@ class MediaPorts:
         self._rtcp.close()
 
 
+def _bind_errno(exc: OSError) -> int | None:
+    """The system's error of a failed bind: uvloop (the gateway's loop) raises an OSError
+    of its own without an errno, the system's as its cause (a port held elsewhere then
+    refused every call given it, with 503: seen in a clean clone's `make test`)."""
+    cause = exc.__cause__
+    if exc.errno is None and isinstance(cause, OSError):
+        return cause.errno
+    return exc.errno
+
+
 async def open_media(pool: RtpPortPool, host: str, sink: MediaSink) -> MediaPorts:
     """Bind an RTP/RTCP pair from ``pool`` for ``sink``; a pair another process holds is
     skipped (it goes to the back of the pool). Raises :class:`PortRangeExhausted` when no
@@ -185,7 +195,7 @@ async def open_media(pool: RtpPortPool, host: str, sink: MediaSink) -> MediaPort
             if rtp is not None:
                 rtp.close()
             pool.release(port)  # to the back of the queue: tried again later
-            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):  # out of descriptors...
+            if _bind_errno(exc) not in (errno.EADDRINUSE, errno.EACCES):  # no descriptors...
                 raise PortRangeExhausted(f"cannot bind RTP sockets: {exc}") from None
             log.warning("rtp: port %d or %d held elsewhere; skipped", port, port + 1)
             continue

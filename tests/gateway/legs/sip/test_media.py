@@ -104,6 +104,24 @@ async def test_open_media_skips_a_port_held_elsewhere_and_delivers_to_the_sink()
         held.close()
 
 
+def test_under_uvloop_too_a_port_held_elsewhere_is_skipped() -> None:
+    """uvloop, the gateway's loop, raises a failed bind as an OSError without an errno
+    (the system's error is its cause): the port is skipped all the same, not taken for
+    a process out of descriptors (every call given that port was refused with 503)."""
+    uvloop = pytest.importorskip("uvloop")
+    held, base = hold_a_port()
+
+    async def bound_port() -> int:
+        media = await open_media(RtpPortPool(base, base + 9), "127.0.0.1", Sink())
+        media.close()
+        return media.port
+
+    try:
+        assert uvloop.run(bound_port()) == base + 2
+    finally:
+        held.close()
+
+
 # --------------------------------------------------------------------------- address families
 
 
