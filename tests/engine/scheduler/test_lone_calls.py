@@ -5,7 +5,6 @@ first audio is out); then the newcomer starts at once on the freed worker."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 
@@ -13,55 +12,46 @@ import pytest
 from msgspec.structs import replace
 
 from engine.backends.base import BatchEmit, PcmChunk, SynthesisJob
-from engine.backends.synthetic import SyntheticBackend
 from engine.ipc.schema import Capabilities
-from tests.engine.scheduler.rig import WAIT_S, MakeRig
-from tests.engine.scheduler.test_flights import wait_until
+from tests.engine.scheduler.rig import MakeRig
+from tests.engine.scheduler.test_flights import GatedTones, wait_until
 
 FIRST = "Your account is ready for you now."
 NEWCOMER = "Please hold the line."
 
 
-class LoneTones(SyntheticBackend):
-    """The tones as a two-worker lane whose lone calls take both cores (``lone_calls``,
-    as Kokoro declares): the first job emits its first chunk, says it goes on with one
-    core when ``narrows`` (as Kokoro does after its first piece), then waits for
-    ``finish``; it records every job it was given, in order."""
+class LoneTones(GatedTones):
+    """The gated tones (test_flights.py: each job emits its first chunks, then waits for
+    ``go``) as a two-worker lane whose lone calls take both cores (``lone_calls``, as
+    Kokoro declares); a job given ``narrowed`` calls it after its first audio when
+    ``narrows`` (as Kokoro does after its first piece). Records every job it was given."""
 
-    max_batch = 1
-    threads = 2
     independent_calls = True
 
     def __init__(self, *, narrows: bool) -> None:
-        super().__init__()
+        super().__init__(threads=2)
         self.narrows = narrows
-        self.finish = threading.Event()
         self.jobs: list[SynthesisJob] = []
 
     @property
     def capabilities(self) -> Capabilities:
         return replace(super().capabilities, lone_calls=True)
 
-    def batch_key(self, voice: object) -> object:
-        return "tones"
-
     def synthesize_batch(
         self, jobs: Sequence[SynthesisJob], emit: BatchEmit, words: object = None
     ) -> None:
-        for index, job in enumerate(jobs):
-            self.jobs.append(job)
-            emitted = 0
+        self.jobs.extend(jobs)
+        told: set[int] = set()
 
-            def one(chunk: PcmChunk, index: int = index, job: SynthesisJob = job) -> bool:
-                nonlocal emitted
-                emitted += 1
-                if emitted == 2 and job.text.startswith("Your"):
-                    if self.narrows and job.narrowed is not None:
-                        job.narrowed()
-                    self.finish.wait(WAIT_S)
-                return emit(index, chunk)
+        def emit_then_narrow(index: int, chunk: PcmChunk) -> bool:
+            wanted = emit(index, chunk)
+            narrowed = jobs[index].narrowed
+            if self.narrows and narrowed is not None and index not in told:
+                told.add(index)
+                narrowed()
+            return wanted
 
-            self.synthesize(job.text, job.voice, one)
+        super().synthesize_batch(jobs, emit_then_narrow, words)
 
 
 @pytest.mark.parametrize("narrows", [True, False])
@@ -81,11 +71,11 @@ def test_a_newcomer_starts_beside_a_lone_call_once_it_narrows(
         wait_until(lambda: len(backend.jobs) == 2, "the newcomer began beside it")
         newcomer = backend.jobs[1]
         assert newcomer.text.startswith("Please") and newcomer.alone is False
-        assert newcomer.narrowed is None and not backend.finish.is_set()
+        assert newcomer.narrowed is None and not backend.go.is_set()
     else:  # it waits for the lone call to end
         time.sleep(0.2)
         assert len(backend.jobs) == 1
-    backend.finish.set()
+    backend.go.set()
     first_bytes, _ = rig.say_result(0)
     newcomer_bytes, _ = rig.say_result(1)
     assert len(backend.jobs) == 2 and first_bytes and newcomer_bytes
