@@ -153,7 +153,8 @@ bench: $(BENCH_STAMP)
 	$(PY) -m tests.bench.neural
 	$(PY) -m tests.bench.kokoro --out bench-results/kokoro.json
 	$(PY) -m tests.bench.kokoro_calls --out bench-results
-	$(PY) -m tests.bench.speech_cache --langs en zh --calls 20 100 200 --burst 30 --out bench-results
+	$(PY) -m tests.bench.speech_cache --langs en --modes off cold on --calls 20 100 200 --burst 30 --out bench-results/speech-cache-en
+	$(PY) -m tests.bench.speech_cache --langs zh --modes off on --calls 1 8 16 --burst 0 --out bench-results/speech-cache-zh
 	$(PY) -m tests.bench.composed --out bench-results
 	$(PY) -m tests.bench.intelligibility --out bench-results/intelligibility.json
 	$(PY) -m tests.bench.sip_calls
