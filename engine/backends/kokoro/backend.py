@@ -486,10 +486,11 @@ class KokoroBackend:
                 quiet = pieces.boundary_loudness(features.energy)
                 if clause and number == last_call:
                     end = trailing_end(quiet, begin)
-                narrow = job.narrowed is not None
-                plan = self._plan(begin, end, quiet, session, in_pieces, narrow)
-                narrowed = job.narrowed if plan[2] else None
-                for chunk in self._decode(features, plan, session, narrowed):
+                plan, release, narrows = self._plan(
+                    begin, end, quiet, session, in_pieces, job.narrowed is not None
+                )
+                narrowed = job.narrowed if narrows else None
+                for chunk in self._decode(features, plan, release, session, narrowed):
                     samples += chunk.size
                     if not emit(index, to_int16(chunk)):
                         return None
@@ -534,17 +535,17 @@ class KokoroBackend:
     def _decode(
         self,
         features: pieces.Features,
-        planned: tuple[list[pieces.Piece], int, bool],
+        plan: list[pieces.Piece],
+        release: int,
         session: Any,
         narrowed: Callable[[], None] | None = None,
     ) -> Any:
-        """The audio of the ``planned`` pieces, one array per piece as it is decoded (the
-        held ones at once); ``session``: the decoder session (None: the shared one).
-        ``narrowed``: the pieces after the release go on the shared session, and this is
-        called before the first of them (the released audio is out by then)."""
+        """The audio of the pieces of ``plan``, one array per piece as it is decoded (those
+        up to ``release`` at once); ``session``: the decoder session (None: the shared
+        one). ``narrowed``: the pieces after the release go on the shared session, and
+        this is called before the first of them (the released audio is out by then)."""
         model = self.model
         assert model is not None
-        plan, release, _ = planned
         decoded_pieces = 0
 
         def decoder(lo: int, hi: int, given: Any) -> Any:
