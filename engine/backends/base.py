@@ -135,6 +135,10 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+# (seconds of audio emitted, seconds the next piece is expected to take) -> go on?
+Checkpoint = Callable[[float, float], bool]
+
+
 @dataclass(frozen=True)
 class SynthesisJob:
     """One segment of one stream in a batch: normalized text and a voice handle.
@@ -145,13 +149,19 @@ class SynthesisJob:
     give the job every core); None: not said (a caller without a scheduler), the backend
     judges by what it runs. ``narrowed``: given with a lone job; the backend calls it (at
     most once) when the job goes on with one core, its first audio out, so that the
-    scheduler may start another job on the cores it no longer uses."""
+    scheduler may start another job on the cores it no longer uses. ``checkpoint``: a
+    backend that decodes the job in pieces calls it before each piece after its first
+    audio is out, with the seconds of audio it has emitted for the job (of that model
+    call) and the seconds it expects the next piece's decode to take; the call may block
+    while the job's core serves another job (its audio out plays meanwhile), and False
+    means the job is no longer wanted: the backend then stops it (no further piece)."""
 
     text: str
     voice: object
     leading: bool = False
     alone: bool | None = None
     narrowed: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+    checkpoint: Checkpoint | None = field(default=None, compare=False, repr=False)
 
 
 # Receives (job index, int16 PCM of that job); False: that job is no longer wanted. An

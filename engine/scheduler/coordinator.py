@@ -462,12 +462,13 @@ class Scheduler:
             batch = lane.batch
             if batch is None:
                 continue
-            while lane.in_flight < lane.threads:
+            while (room := policy.room(lane)) != "none":
                 candidates = [
                     s
                     for s in self._waiting_streams()
                     if s.lane is lane and policy.ready(s) and not self._cache_path.join(s)
-                ]
+                    and (room == "any" or (room == "newcomers") == policy.is_new(s))
+                ]  # fmt: skip
                 if not candidates:
                     break
                 candidates.sort(key=self._policy.urgency)
@@ -478,11 +479,14 @@ class Scheduler:
                 jobs = [job for s in chosen if (job := self._job_for(s, lane)) is not None]
                 if not jobs:
                     continue  # each joined a flight another of them began
-                work = Batch(lane, tuple(jobs), lane.runs_alone(chosen))
+                newcomer = lane.spare > 0 and all(j.leading for j in jobs)
+                work = Batch(lane, tuple(jobs), lane.runs_alone(chosen), newcomer)
                 end, chars = max(s.busy_until for s in chosen), max(len(j.text) for j in jobs)
                 cost = self._policy.cost_factor
                 lane.begin(id(work), end, chars, now, cost, streams=chosen, lone=work.alone)
                 self._pools[id(lane)].submit(work)
+            if lane.gate is not None:
+                lane.gate.admit()  # the cores left free go to newcomers waiting for one
             if self._warm_ups:
                 self._warm_ups.dispatch(lane, self._pools[id(lane)], self)
 

@@ -5,7 +5,10 @@
   written as it comes;
 - :class:`WorkerPool`: a batch backend (Piper, CosyVoice2) runs on ``threads`` worker
   threads, each taking one :class:`Batch` at a time; the audio, resampled by the worker,
-  its words and the batch's end come back to the coordinator on the results channel.
+  its words and the batch's end come back to the coordinator on the results channel. A
+  lane whose leading segments come in pieces has ``spare`` more workers than cores: a
+  newcomer's job waits at the lane's :class:`~engine.scheduler.cores.CoreGate` for a core
+  that a running job gives it between pieces (engine/scheduler/cores.py).
 
 Resampling is per segment: each segment's audio goes through the stream's resampler and
 the resampler is flushed at the segment's end (by the worker, or the inline lane), so a
@@ -39,6 +42,7 @@ from engine.backends.base import (
     WordTiming,
     capabilities_of,
 )
+from engine.scheduler.cores import MARGIN_S, PIECE_SAFETY, CoreGate, Ticket
 from engine.scheduler.output import OutputWriter
 from engine.scheduler.policy import observe_pace
 from engine.scheduler.state import (
@@ -57,6 +61,11 @@ if TYPE_CHECKING:
     from engine.scheduler.warm import WarmJob
 
 log = logging.getLogger(__name__)
+
+#: Jobs a lane whose leading segments come in pieces may hold beyond its cores: new
+#: utterances' first segments, each waiting at the CoreGate for a core given between
+#: pieces (engine/scheduler/cores.py).
+SPARE_JOBS = 2
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,7 @@ class Batch:
     lane: Lane
     jobs: tuple[Job, ...]
     alone: bool = False  # every worker of the lane is its (Lane.runs_alone)
+    newcomer: bool = False  # a new utterance's first segment (nothing of it out yet)
 
 
 @dataclass(frozen=True)
@@ -125,7 +135,7 @@ class Words:
 class BatchDone:
     batch: Batch
     error: tuple[str, str] | None  # (code, message) for every job of the batch
-    seconds: float
+    seconds: float  # with a core (not counting its waits at the lane's CoreGate)
 
 
 @dataclass(frozen=True)
@@ -146,6 +156,7 @@ def lane_for(backend: Backend) -> Lane:
         return Lane(
             backend, backend, threads, max_batch, can.independent_calls, can.word_timings,
             lone_calls=can.lone_calls, paced_leading=can.paced_leading,
+            spare=SPARE_JOBS if can.paced_leading else 0, gate=CoreGate(threads),
         )  # fmt: skip
     return Lane(backend, None, times_words=can.word_timings)
 
@@ -238,9 +249,10 @@ class WorkerPool:
         self._put = results
         self._jobs: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
+        self.gate = lane.gate if lane.gate is not None else CoreGate(lane.threads)
 
     def start(self) -> None:
-        for index in range(self._lane.threads):
+        for index in range(self._lane.threads + self._lane.spare):
             worker = threading.Thread(
                 target=self._work, name=f"engine-{self._lane.backend.name}-{index}", daemon=True
             )
@@ -251,7 +263,8 @@ class WorkerPool:
         self._jobs.put(batch)
 
     def stop(self) -> None:
-        """Ask every worker to end once its batch is done."""
+        """Ask every worker to end once its batch is done (one waiting for a core stops)."""
+        self.gate.close()
         for _ in self._workers:
             self._jobs.put(None)
 
@@ -269,6 +282,10 @@ class WorkerPool:
 
     def _run(self, batch: Batch) -> BatchDone:
         jobs = batch.jobs
+        first_emit: list[float] = []  # when its first audio went out
+
+        def wanted() -> bool:
+            return any(self._generations.current(j.slot) == j.generation for j in jobs)
 
         def emit(index: int, chunk: PcmChunk) -> bool:
             job = jobs[index]
@@ -276,16 +293,34 @@ class WorkerPool:
                 return False  # cancelled, or closed, while synthesizing
             pcm = job.resampler.process(chunk.tobytes())
             if pcm or len(chunk):
+                if not first_emit:
+                    first_emit.append(time.monotonic())
                 self._put(Audio(job, pcm, len(chunk)))
             return True
 
         def timed(index: int, words: Sequence[WordTiming]) -> None:
             self._put(Words(jobs[index], tuple(words)))
 
+        ticket = Ticket(self._lane.threads if batch.alone else 1, batch.newcomer)
+
+        def checkpoint(audio_out_s: float, next_s: float) -> bool:
+            plays_until = (first_emit[0] if first_emit else time.monotonic()) + audio_out_s
+            deadline = plays_until - next_s * PIECE_SAFETY - MARGIN_S
+            return self.gate.checkpoint(ticket, deadline, next_s, wanted)
+
+        def narrowed() -> None:
+            self.gate.narrow(ticket)
+            self._put(Narrowed(batch))
+
         started = time.perf_counter()
+        if not self.gate.enter(ticket, wanted):
+            return BatchDone(batch, None, 0.0)  # cancelled while it waited: nothing ran
         error: tuple[str, str] | None = None
-        narrowed = (lambda: self._put(Narrowed(batch))) if batch.alone else None
-        segments = [SynthesisJob(j.text, j.voice, j.leading, batch.alone, narrowed) for j in jobs]
+        segments = [
+            SynthesisJob(j.text, j.voice, j.leading, batch.alone,
+                         narrowed if batch.alone else None, checkpoint)
+            for j in jobs
+        ]  # fmt: skip
         try:
             if self._lane.times_words:
                 self._batch.synthesize_batch(segments, emit, timed)
@@ -301,4 +336,6 @@ class WorkerPool:
         except Exception:
             log.exception("backend %s failed on a batch of %d", self._lane.backend.name, len(jobs))
             error = ("engine_error", "synthesis failed")
-        return BatchDone(batch, error, time.perf_counter() - started)
+        finally:
+            self.gate.leave(ticket)
+        return BatchDone(batch, error, time.perf_counter() - started - ticket.waited_s)

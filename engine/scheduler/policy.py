@@ -46,6 +46,26 @@ MAX_HELD_S = 20.0
 CachedStart = Literal["play", "wait", "whole"]
 
 
+#: Which streams a lane's next batch may take (:func:`room`).
+Room = Literal["any", "playing", "newcomers", "none"]
+
+
+def room(lane: Lane) -> Room:
+    """What a batch lane may take now: with a core free, "any" stream, or only "playing"
+    ones while newcomers already wait at its gate for a core (they go first, in order:
+    engine/scheduler/cores.py ``admit``); with every core held, "newcomers" on its
+    ``spare`` workers while a running call has audio enough to give one its core between
+    pieces (``CoreGate.could_step_aside``); else "none"."""
+    gate = lane.gate
+    waiting, newcomers = gate.waiting if gate is not None else (0, 0)
+    if lane.in_flight >= lane.threads + lane.spare:
+        return "none"
+    if lane.in_flight - waiting < lane.threads:
+        return "playing" if newcomers else "any"
+    steps_aside = lane.spare and gate is not None and gate.could_step_aside()
+    return "newcomers" if steps_aside else "none"
+
+
 def has_room(stream: Stream) -> bool:
     """Has a segment to do, and room for its audio (no backlog: audio held back is none),
     and none in flight (in synthesis or being looked up in the speech cache's shared
@@ -144,8 +164,8 @@ def observe_pace(lane: Lane, seconds: float, chars: int, *, alone: bool = False)
     ``alone``: nothing else of the lane ran meanwhile. The lane's pace is the line fitted
     to the calls that ran beside others (engine/scheduler/pace.py), or while there were
     none yet, to those that ran alone."""
-    if chars <= 0:
-        return
+    if chars <= 0 or seconds <= 0.0:
+        return  # (a job cancelled while it waited for a core ran for no time)
     (lane.alone_fit if alone else lane.fit).observe(chars, seconds)
     fit = lane.fit if lane.fit.calls else lane.alone_fit
     lane.seconds_per_call, lane.seconds_per_char = fit.line()
@@ -332,12 +352,17 @@ class Policy:
 
     @staticmethod
     def _workers(lane: Lane, forming: Sequence[Stream], now: float) -> list[float]:
-        """Seconds until each of the lane's workers is free (``forming``: a batch being
-        formed takes one)."""
+        """Seconds until each of the lane's cores is free (``forming``: a batch being
+        formed takes one). Batches beyond the cores (on spare workers) are counted as
+        work after the earliest free core's (a conservative fold)."""
         ends = [r.end for r in lane.running.values() for _ in range(r.workers)]
         if forming:
             ends.append(max(s.busy_until for s in forming))
-        workers = [max(0.0, end - now) for end in ends]
+        workers = sorted(max(0.0, end - now) for end in ends)
+        while len(workers) > max(1, lane.threads):
+            extra = workers.pop(0)
+            workers[0] += extra
+            workers.sort()
         return workers + [0.0] * (lane.threads - len(workers))
 
     def _replay(self, lane: Lane, workers: Sequence[float]) -> Replay:

@@ -16,6 +16,7 @@ from engine.backends.routing import RoutedVoice
 from engine.ipc.boundaries import BoundaryWriter
 from engine.ipc.ring import SpscRing
 from engine.scheduler.cache_keys import KeyMaker
+from engine.scheduler.cores import CoreGate
 from engine.scheduler.pace import PaceFit
 from engine.speech_cache import SegmentKey
 from engine.text import SegmentSplitter
@@ -117,6 +118,10 @@ class Lane:
     # The backend times the words it speaks (its capability record's ``word_timings``).
     times_words: bool = False
     in_flight: int = 0  # workers busy with a batch (a lone call's batch takes them all)
+    # Workers beyond the cores, for new utterances' first segments (lanes.SPARE_JOBS):
+    # each waits for a core that a running job gives between pieces (scheduler/cores.py).
+    spare: int = 0
+    gate: CoreGate | None = None  # its cores, given between pieces (a batch lane's)
     # A call that runs alone may take every core (its capability record's ``lone_calls``).
     lone_calls: bool = False
     # A leading segment comes in pieces that keep pace once the first is out (its

@@ -524,3 +524,60 @@ def test_a_lone_call_keeps_both_cores_when_one_would_hold_its_first_audio_longer
     sessions, events, _ = lone_job_sessions(kokoro, monkeypatch, narrowing=True)
     assert len(sessions) >= 2 and sessions == [kokoro._idle_session] * len(sessions)
     assert all(kind == "audio" for kind, _ in events)
+
+
+def checkpointed_job(
+    kokoro: KokoroBackend, monkeypatch: pytest.MonkeyPatch, go_on: bool
+) -> tuple[list[tuple[str, float, float]], int]:
+    """A leading job of :data:`SENTENCE` (not alone) given a ``checkpoint`` that answers
+    ``go_on``: the audio events (seconds emitted so far) and checkpoint calls in order,
+    and the decoder runs."""
+    assert kokoro.model is not None
+    voice = kokoro.resolve_voice(VoiceSettings("zh-yunxi"))
+    events: list[tuple[str, float, float]] = []
+    emitted = [0.0]
+    decode = kokoro.model.decode
+    runs = [0]
+
+    def counted(features: Any, lo: int, hi: int, given: Any, session: Any = None) -> Any:
+        runs[0] += 1
+        return decode(features, lo, hi, given, session)
+
+    def emit(_index: int, pcm: np.ndarray) -> bool:
+        emitted[0] += pcm.size / 24000
+        events.append(("audio", emitted[0], 0.0))
+        return True
+
+    def checkpoint(out_s: float, next_s: float) -> bool:
+        events.append(("checkpoint", out_s, next_s))
+        return go_on
+
+    monkeypatch.setattr(kokoro, "pieces", "leading")
+    monkeypatch.setattr(kokoro.model, "decode", counted)
+    job = SynthesisJob(SENTENCE, voice, True, False, None, checkpoint)
+    kokoro.synthesize_batch([job], emit)
+    monkeypatch.undo()
+    return events, runs[0]
+
+
+@needs_model
+def test_a_job_in_pieces_passes_a_checkpoint_before_each_piece_after_its_first_audio(
+    kokoro: KokoroBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint comes after the first audio, before each later piece, with the
+    audio out so far (within a crossfade of what was emitted) and the next piece's decode
+    at the measured pace; answered False, no further piece is decoded and nothing more is
+    emitted."""
+    set_pace(monkeypatch, kokoro, 3.0)
+    events, runs = checkpointed_job(kokoro, monkeypatch, go_on=True)
+    checkpoints = [e for e in events if e[0] == "checkpoint"]
+    assert events[0][0] == "audio" and len(checkpoints) == runs - 1 >= 2
+    for at, (kind, out_s, next_s) in enumerate(events):
+        if kind == "checkpoint":
+            emitted = events[at - 1][1]
+            assert emitted - 0.02 <= out_s <= emitted + 0.02
+            assert 0.0 < next_s < 5.0
+    set_pace(monkeypatch, kokoro, 3.0)
+    events, runs = checkpointed_job(kokoro, monkeypatch, go_on=False)
+    assert [e[0] for e in events][-1] == "checkpoint"
+    assert runs == sum(1 for e in events if e[0] == "audio")  # the released pieces only

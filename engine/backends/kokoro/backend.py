@@ -74,6 +74,7 @@ from engine.backends.base import (
     BatchEmit,
     BatchWords,
     CacheIdentity,
+    Checkpoint,
     EmitFn,
     SynthesisJob,
     UnknownVoice,
@@ -490,10 +491,14 @@ class KokoroBackend:
                     begin, end, quiet, session, in_pieces, job.narrowed is not None
                 )
                 narrowed = job.narrowed if narrows else None
-                for chunk in self._decode(features, plan, release, session, narrowed):
-                    samples += chunk.size
-                    if not emit(index, to_int16(chunk)):
-                        return None
+                decoding = self._decode(features, plan, release, session, narrowed, job.checkpoint)
+                try:
+                    for chunk in decoding:
+                        samples += chunk.size
+                        if not emit(index, to_int16(chunk)):
+                            return None
+                except _Unwanted:
+                    return None
                 if narrowed is not None:
                     session = None  # its later calls (if any) on one core too
             if frames is not None and self.hop:
@@ -539,11 +544,14 @@ class KokoroBackend:
         release: int,
         session: Any,
         narrowed: Callable[[], None] | None = None,
+        checkpoint: Checkpoint | None = None,
     ) -> Any:
         """The audio of the pieces of ``plan``, one array per piece as it is decoded (those
         up to ``release`` at once); ``session``: the decoder session (None: the shared
         one). ``narrowed``: the pieces after the release go on the shared session, and
-        this is called before the first of them (the released audio is out by then)."""
+        this is called before the first of them (the released audio is out by then).
+        ``checkpoint`` (SynthesisJob's) is called before each piece after the release
+        (after ``narrowed``); it may wait; False raises :class:`_Unwanted`."""
         model = self.model
         assert model is not None
         decoded_pieces = 0
@@ -553,8 +561,14 @@ class KokoroBackend:
             if narrowed is not None and decoded_pieces == release + 1:
                 session = None
                 narrowed()
-            decoded_pieces += 1
             meter = self._meter(session)
+            if checkpoint is not None and decoded_pieces > release:
+                out_s = (plan[decoded_pieces - 1].end - plan[0].start) * self.hop / SAMPLE_RATE
+                with self._lock:
+                    next_s = (hi - lo) * self.hop / SAMPLE_RATE / meter.pace
+                if not checkpoint(out_s, next_s):
+                    raise _Unwanted
+            decoded_pieces += 1
             started = time.perf_counter()
             decoded = model.decode(features, lo, hi, given, session)
             seconds = time.perf_counter() - started
@@ -580,6 +594,10 @@ class KokoroBackend:
 
     def close(self) -> None:
         self._packs.clear()
+
+
+class _Unwanted(Exception):
+    """The job's checkpoint said it is no longer wanted: no further piece is decoded."""
 
 
 def _held_frames(plan: Sequence[pieces.Piece], release: int) -> int:
