@@ -25,10 +25,13 @@ class Recorder:
     def __init__(self, pause_s: float = 0.002, fail_on: str | None = None) -> None:
         self.pause_s = pause_s
         self.fail_on = fail_on
-        self.threads: set[int] = set()
+        # the threads that stepped (objects, not idents: a thread that ended may leave
+        # its ident to the next one started, as the driver's did to the waiter's when
+        # the short call was done before the waiter began, under a full test run's load)
+        self.threads: set[threading.Thread] = set()
 
     def __call__(self, streams: Sequence[LoopStream]) -> None:
-        self.threads.add(threading.get_ident())
+        self.threads.add(threading.current_thread())
         names = {s.name for s in streams if isinstance(s, Counting)}
         if self.fail_on in names:
             raise RuntimeError(f"step failed on {self.fail_on}")
