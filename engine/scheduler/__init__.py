@@ -5,6 +5,9 @@ The package's parts (each with one job):
 - ``policy``: the rules below (urgency, a lane's next batch, capacity fit, cutting a
   segment to fit), pure functions of the state, no threads, no clock;
 - ``lanes``: where segments are synthesized (inline, or on a batch lane's workers);
+- ``cores``: a batch lane's cores, handed out between a segment's pieces (a running call
+  gives its core to a newcomer while its audio lasts);
+- ``dispatch``: which ready streams a batch lane's next batch takes, in the policy's order;
 - ``output``: audio into the rings, boundaries, word timing and the utterance events;
 - ``state``: streams, utterances, lanes, and the two things other threads share with
   the coordinator, each behind a lock (the slots' generations, the counters);

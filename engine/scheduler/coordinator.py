@@ -35,6 +35,7 @@ from engine.scheduler import commands, policy
 from engine.scheduler.cache_keys import key_maker
 from engine.scheduler.cache_path import CachePath
 from engine.scheduler.channels import Channel, Wakeup
+from engine.scheduler.dispatch import next_batch
 from engine.scheduler.flights import Flight, FlightTable
 from engine.scheduler.lanes import (
     Audio,
@@ -462,25 +463,17 @@ class Scheduler:
             batch = lane.batch
             if batch is None:
                 continue
-            while (room := policy.room(lane)) != "none":
-                candidates = [
-                    s
-                    for s in self._waiting_streams()
-                    if s.lane is lane and policy.ready(s) and not self._cache_path.join(s)
-                    and (room == "any" or (room == "newcomers") == policy.is_new(s))
-                ]  # fmt: skip
-                if not candidates:
-                    break
-                candidates.sort(key=self._policy.urgency)
+            while True:
                 now = time.monotonic()
-                chosen = self._policy.choose(lane, batch, candidates, now)
-                if not chosen:
-                    break  # only new utterances that do not fit yet
+                waiting = self._waiting_streams()
+                formed = next_batch(lane, batch, waiting, self._policy, self._cache_path.join, now)
+                if formed is None:
+                    break
+                chosen = formed.streams
                 jobs = [job for s in chosen if (job := self._job_for(s, lane)) is not None]
                 if not jobs:
                     continue  # each joined a flight another of them began
-                newcomer = lane.spare > 0 and all(j.leading for j in jobs)
-                work = Batch(lane, tuple(jobs), lane.runs_alone(chosen), newcomer)
+                work = Batch(lane, tuple(jobs), lane.runs_alone(chosen), formed.newcomer)
                 end, chars = max(s.busy_until for s in chosen), max(len(j.text) for j in jobs)
                 cost = self._policy.cost_factor
                 lane.begin(id(work), end, chars, now, cost, streams=chosen, lone=work.alone)

@@ -13,19 +13,22 @@ Who holds a core (:class:`CoreGate`, pieces not interrupted):
 - a core freed by a job's end goes to the jobs that stepped aside, the earliest deadline
   first; else it stays free for the coordinator, whose order (engine/scheduler/policy.py
   ``urgency``: a playing stream short of audio before a new utterance) picks the next
-  job, and only what it leaves goes to waiting newcomers (:meth:`CoreGate.admit`);
+  job, which takes it as it is handed to a worker (:meth:`CoreGate.take_free`), and only
+  what that leaves goes to waiting newcomers (:meth:`CoreGate.admit`);
 - at a checkpoint, the next in line is a job that stepped aside whose audio would run out
   before a newcomer's first run (``urgent``), then newcomers (a leading segment, nothing
   of it out yet) in arrival order, then the jobs that stepped aside, the earliest
   deadline first.
 
 A running job at a checkpoint gives its core to a newcomer when its audio lasts for the
-newcomer's first run (measured: grant to first checkpoint, :attr:`first_run_s`) and its
-own next piece, with :data:`MARGIN_S` to spare; to a job that stepped aside when that
-job's deadline is earlier. A job's deadline is when its next piece must begin: its audio
-out plays from its first emit (or later: a ring with audio ahead, a held utterance), so
-the audio runs out no earlier than ``first emit + audio out``; less the next piece's
-expected decode (its backend's measured pace) times :data:`PIECE_SAFETY`, less the margin.
+newcomer's first run (measured on one core: grant to first checkpoint,
+:attr:`first_run_s`) and its own next piece, with :data:`MARGIN_S` to spare, and no
+playing stream waits for a core in the coordinator (``playing_waits``); to a job that
+stepped aside when that job's deadline is earlier. A job's deadline is when its next
+piece must begin: its audio out plays from its first emit (or later: a ring with audio
+ahead, a held utterance), so the audio runs out no earlier than ``first emit + audio
+out``; less the next piece's expected decode (its backend's measured pace) times
+:data:`PIECE_SAFETY`, less the margin.
 
 Jobs that never call ``checkpoint`` (Piper, a segment decoded whole) hold their core from
 ``enter`` to ``leave``. The coordinator lets jobs beyond the cores into a lane only for
@@ -52,7 +55,8 @@ class Ticket:
     """One job's place at the gate."""
 
     cores: int = 1
-    newcomer: bool = False  # its first audio is not out yet
+    newcomer: bool = False  # a new utterance's first segment, its first audio not out yet
+    wide: bool = False  # began on more than one core (its first run says nothing of one)
     deadline: float = 0.0  # monotonic: when its next piece must begin (not a newcomer)
     next_s: float = 0.0  # that piece's expected decode
     granted_at: float = 0.0
@@ -72,11 +76,26 @@ class CoreGate:
         self._holding: set[Ticket] = set()
         self._closed = False
         self.first_run_s = FIRST_RUN_SEED_S
+        # A playing stream waits for a core in the coordinator (policy.room): no running
+        # job gives its core to a newcomer meanwhile.
+        self.playing_waits = False
+
+    def take_free(self, ticket: Ticket) -> bool:
+        """``ticket`` takes free cores now if there are enough (the coordinator's pick, as
+        it hands the job to a worker: the core is its, not a waiting newcomer's)."""
+        with self._changed:
+            if ticket.holding or self._free < ticket.cores:
+                return ticket.holding
+            self._grant(ticket)
+            return True
 
     def enter(self, ticket: Ticket, wanted: Callable[[], bool]) -> bool:
-        """Wait for ``ticket.cores`` cores; False (holding none) when the job is no longer
-        wanted or the gate closed meanwhile."""
+        """Wait for ``ticket.cores`` cores (at once if it took them: :meth:`take_free`);
+        False (holding none) when the job is no longer wanted or the gate closed
+        meanwhile."""
         with self._changed:
+            if ticket.holding:
+                return True
             if self._free >= ticket.cores:
                 self._grant(ticket)
                 return True
@@ -92,7 +111,7 @@ class CoreGate:
             now = self._clock()
             if ticket.newcomer:
                 ticket.newcomer = False
-                self._observe_first_run(now - ticket.granted_at)
+                self._observe_first_run(ticket, now - ticket.granted_at)
             ticket.deadline, ticket.next_s = deadline, next_s
             best = self._next(now)
             if best is None or ticket.cores != 1 or not self._yields_to(ticket, best, now):
@@ -112,7 +131,7 @@ class CoreGate:
         """``ticket``'s job ended: its cores go to waiting jobs."""
         with self._changed:
             if ticket.newcomer and ticket.holding:
-                self._observe_first_run(self._clock() - ticket.granted_at)
+                self._observe_first_run(ticket, self._clock() - ticket.granted_at)
             if ticket.holding:
                 self._release(ticket)
             elif ticket in self._waiting:
@@ -122,21 +141,18 @@ class CoreGate:
         """Cores still free go to waiting newcomers, in arrival order (the coordinator
         calls this once it has dispatched what it had)."""
         with self._changed:
-            granted = False
-            for ticket in sorted(self._newcomers(), key=lambda t: t.order):
-                if ticket.cores > self._free:
-                    break
-                self._waiting.remove(ticket)
-                self._grant(ticket)
-                granted = True
-            if granted:
-                self._changed.notify_all()
+            self._grant_in_turn(sorted(self._newcomers(), key=lambda t: t.order))
 
     def close(self) -> None:
         """Every waiting job returns False (the lane stops)."""
         with self._changed:
             self._closed = True
             self._changed.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        with self._changed:
+            return self._closed
 
     def could_step_aside(self) -> bool:
         """Whether a job holding a core had, at its last checkpoint, audio enough to give
@@ -177,6 +193,7 @@ class CoreGate:
     def _grant(self, ticket: Ticket) -> None:
         self._free -= ticket.cores
         ticket.holding, ticket.granted_at = True, self._clock()
+        ticket.wide = ticket.wide or ticket.cores > 1
         self._holding.add(ticket)
 
     def _release(self, ticket: Ticket, to: Ticket | None = None) -> None:
@@ -185,10 +202,8 @@ class CoreGate:
         self._free += ticket.cores
         ticket.holding = False
         self._holding.discard(ticket)
-        if to is not None and to.cores <= self._free:
-            self._waiting.remove(to)
-            self._grant(to)
-            self._changed.notify_all()
+        if to is not None:
+            self._grant_in_turn([to])
         self._hand_out()
 
     def _newcomers(self) -> list[Ticket]:
@@ -196,13 +211,17 @@ class CoreGate:
 
     def _hand_out(self) -> None:
         """Free cores to the jobs that stepped aside, the earliest deadline first."""
+        stepped = [t for t in self._waiting if not t.newcomer]
+        self._grant_in_turn(sorted(stepped, key=lambda t: t.deadline))
+
+    def _grant_in_turn(self, turn: list[Ticket]) -> None:
+        """Free cores to the waiting jobs of ``turn``, in its order, while they fit."""
         granted = False
-        while True:
-            best = min(self._stepped(), key=lambda t: t.deadline, default=None)
-            if best is None or best.cores > self._free:
+        for ticket in turn:
+            if ticket.cores > self._free:
                 break
-            self._waiting.remove(best)
-            self._grant(best)
+            self._waiting.remove(ticket)
+            self._grant(ticket)
             granted = True
         if granted:
             self._changed.notify_all()
@@ -210,22 +229,27 @@ class CoreGate:
     def _next(self, now: float) -> Ticket | None:
         """The waiting job that gets the next free core."""
         newcomers = self._newcomers()
-        earliest = min(self._stepped(), key=lambda t: t.deadline, default=None)
+        earliest = self._earliest_stepped()
         if earliest is not None and (
             not newcomers or earliest.deadline - now < self.first_run_s + MARGIN_S
         ):
             return earliest
         return min(newcomers, key=lambda t: t.order, default=None)
 
-    def _stepped(self) -> list[Ticket]:
-        return [t for t in self._waiting if not t.newcomer]
+    def _earliest_stepped(self) -> Ticket | None:
+        """The waiting job that stepped aside whose deadline comes first."""
+        stepped = [t for t in self._waiting if not t.newcomer]
+        return min(stepped, key=lambda t: t.deadline, default=None)
 
     def _yields_to(self, running: Ticket, waiting: Ticket, now: float) -> bool:
         """Whether ``running``, at a checkpoint, gives its core to ``waiting``."""
         if waiting.newcomer:
-            return running.deadline - now >= self.first_run_s + MARGIN_S
+            enough = running.deadline - now >= self.first_run_s + MARGIN_S
+            return enough and not self.playing_waits
         return waiting.deadline < running.deadline
 
-    def _observe_first_run(self, seconds: float) -> None:
+    def _observe_first_run(self, ticket: Ticket, seconds: float) -> None:
+        if ticket.wide:
+            return  # on both cores: faster than a newcomer's on one
         weight = SLOWER_WEIGHT if seconds > self.first_run_s else FASTER_WEIGHT
         self.first_run_s += weight * (seconds - self.first_run_s)

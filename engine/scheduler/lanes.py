@@ -247,9 +247,11 @@ class WorkerPool:
         self._batch = batch
         self._generations = generations
         self._put = results
-        self._jobs: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Batch, Ticket] | None] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
-        self.gate = lane.gate if lane.gate is not None else CoreGate(lane.threads)
+        if lane.gate is None:
+            raise ValueError("a batch lane hands out its cores through a CoreGate")
+        self.gate = lane.gate
 
     def start(self) -> None:
         for index in range(self._lane.threads + self._lane.spare):
@@ -260,7 +262,12 @@ class WorkerPool:
             worker.start()
 
     def submit(self, batch: Batch) -> None:
-        self._jobs.put(batch)
+        """Hand ``batch`` to a worker (on the coordinator thread): it takes a free core now
+        if there is one (the coordinator's pick goes before newcomers already waiting),
+        else its worker waits for one at the gate."""
+        ticket = Ticket(self._lane.threads if batch.alone else 1, batch.newcomer)
+        self.gate.take_free(ticket)
+        self._jobs.put((batch, ticket))
 
     def stop(self) -> None:
         """Ask every worker to end once its batch is done (one waiting for a core stops)."""
@@ -275,12 +282,12 @@ class WorkerPool:
     def _work(self) -> None:
         """Run batches; send the audio, words and each batch's end back as results."""
         while True:
-            batch = self._jobs.get()
-            if batch is None:
+            work = self._jobs.get()
+            if work is None:
                 return
-            self._put(self._run(batch))
+            self._put(self._run(*work))
 
-    def _run(self, batch: Batch) -> BatchDone:
+    def _run(self, batch: Batch, ticket: Ticket) -> BatchDone:
         jobs = batch.jobs
         first_emit: list[float] = []  # when its first audio went out
 
@@ -301,8 +308,6 @@ class WorkerPool:
         def timed(index: int, words: Sequence[WordTiming]) -> None:
             self._put(Words(jobs[index], tuple(words)))
 
-        ticket = Ticket(self._lane.threads if batch.alone else 1, batch.newcomer)
-
         def checkpoint(audio_out_s: float, next_s: float) -> bool:
             plays_until = (first_emit[0] if first_emit else time.monotonic()) + audio_out_s
             deadline = plays_until - next_s * PIECE_SAFETY - MARGIN_S
@@ -314,11 +319,12 @@ class WorkerPool:
 
         started = time.perf_counter()
         if not self.gate.enter(ticket, wanted):
-            return BatchDone(batch, None, 0.0)  # cancelled while it waited: nothing ran
+            stopped = ("engine_error", "the engine stopped") if self.gate.closed else None
+            return BatchDone(batch, stopped, 0.0)  # cancelled while it waited: nothing ran
         error: tuple[str, str] | None = None
         segments = [
             SynthesisJob(j.text, j.voice, j.leading, batch.alone,
-                         narrowed if batch.alone else None, checkpoint)
+                         narrowed if batch.alone else None, None if j.warm else checkpoint)
             for j in jobs
         ]  # fmt: skip
         try:
@@ -338,4 +344,6 @@ class WorkerPool:
             error = ("engine_error", "synthesis failed")
         finally:
             self.gate.leave(ticket)
+        if error is None and self.gate.closed:
+            error = ("engine_error", "the engine stopped")  # (a job may have been cut short)
         return BatchDone(batch, error, time.perf_counter() - started - ticket.waited_s)
