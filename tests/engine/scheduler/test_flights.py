@@ -49,17 +49,24 @@ class GatedTones(SyntheticBackend):
             self.texts.append(job.text)
             emitted = 0
 
-            def gated(chunk: PcmChunk, index: int = index, text: str = job.text) -> bool:
+            def gated(chunk: PcmChunk, index: int = index, job: SynthesisJob = job) -> bool:
                 nonlocal emitted
-                if emitted == OPEN_CHUNKS:
-                    self.started.set()
-                    self.go.wait(WAIT_S)
-                    if "FAIL" in text:
-                        raise BackendError("model_crashed", "fell over")
+                if not self.before_chunk(job, emitted):
+                    return False
                 emitted += 1
                 return emit(index, chunk)
 
             self.synthesize(job.text, job.voice, gated)
+
+    def before_chunk(self, job: SynthesisJob, emitted: int) -> bool:
+        """Called before each chunk of ``job`` (``emitted`` went before it): after the
+        opening chunks, waits for ``go``; False stops the job."""
+        if emitted == OPEN_CHUNKS:
+            self.started.set()
+            self.go.wait(WAIT_S)
+            if "FAIL" in job.text:
+                raise BackendError("model_crashed", "fell over")
+        return True
 
 
 def wait_until(predicate: Callable[[], bool], what: str) -> None:

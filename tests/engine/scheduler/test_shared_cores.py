@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 
 import pytest
 from msgspec.structs import replace
 
-from engine.backends.base import BatchEmit, PcmChunk, SynthesisJob
+from engine.backends.base import SynthesisJob
 from engine.ipc.schema import Capabilities
 from tests.engine.scheduler.rig import WAIT_S, MakeRig
 from tests.engine.scheduler.test_flights import OPEN_CHUNKS, GatedTones, first_audio, wait_until
@@ -40,27 +39,19 @@ class PiecedTones(GatedTones):
     def capabilities(self) -> Capabilities:
         return replace(super().capabilities, paced_leading=True)
 
-    def synthesize_batch(
-        self, jobs: Sequence[SynthesisJob], emit: BatchEmit, words: object = None
-    ) -> None:
-        for index, job in enumerate(jobs):
-            self.texts.append(job.text)
-            emitted = 0
-
-            def paced(chunk: PcmChunk, index: int = index, job: SynthesisJob = job) -> bool:
-                nonlocal emitted
-                checkpoint = job.checkpoint if self.checkpoints else None
-                if emitted in (OPEN_CHUNKS - 2, OPEN_CHUNKS):
-                    if emitted == OPEN_CHUNKS:
-                        self.between.wait(WAIT_S)
-                    if checkpoint is not None and not checkpoint(AUDIO_OUT_S, NEXT_PIECE_S):
-                        return False
-                if emitted == OPEN_CHUNKS:
-                    self.go.wait(WAIT_S)
-                emitted += 1
-                return emit(index, chunk)
-
-            self.synthesize(job.text, job.voice, paced)
+    def before_chunk(self, job: SynthesisJob, emitted: int) -> bool:
+        checkpoint = job.checkpoint if self.checkpoints else None
+        if emitted == OPEN_CHUNKS:
+            self.between.wait(WAIT_S)
+        if (
+            checkpoint is not None
+            and emitted in (OPEN_CHUNKS - 2, OPEN_CHUNKS)
+            and not checkpoint(AUDIO_OUT_S, NEXT_PIECE_S)
+        ):
+            return False
+        if emitted == OPEN_CHUNKS:
+            self.go.wait(WAIT_S)
+        return True
 
 
 @pytest.mark.parametrize("checkpoints", [True, False])
