@@ -19,6 +19,8 @@ Coordinator thread only (the shared level's answers come back as
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import islice
+from typing import Literal
 
 from engine.backends.base import estimate_words
 from engine.scheduler import policy
@@ -32,9 +34,14 @@ from engine.speech_cache import CachedSegment, SegmentKey, SpeechCache
 
 Put = Callable[[Fetched], None]
 Touch = Callable[[int], None]  # a stream's slot needs the coordinator's attention
-#: How a stream's new utterance may start with this many seconds of cached audio (its
-#: later segments must then follow in time: Policy.cached_start).
-MayStart = Callable[[Stream, float], policy.CachedStart]
+#: How a stream's new utterance may start with this many seconds of cached audio, due
+#: when (monotonic: a flight's, joined; None: it is in the cache): its later segments
+#: must then follow in time (Policy.cached_start).
+MayStart = Callable[[Stream, float, float | None], policy.CachedStart]
+#: What :meth:`CachePath.join` did with a stream whose next segment is in flight for
+#: another: "joined" it, or the stream "waits" to (its start is not admitted yet), or
+#: "no" flight of it may be joined.
+JoinOutcome = Literal["joined", "waits", "no"]
 
 
 class CachePath:
@@ -88,8 +95,9 @@ class CachePath:
         if segment is not None:
             self.play_cached(stream, head, segment)
             return True
-        if self.join(stream):
-            return True
+        joined = self.join(stream)
+        if joined != "no":
+            return joined == "joined"
         if not self._cache.has_shared:
             head.checked = True
             return False
@@ -138,20 +146,26 @@ class CachePath:
         cut from (not to be kept: it carries the rest's data), to be looked up and
         synthesized as any new segment, or, not cut from one, it is synthesized as if it
         were not cached (``head.checked``)."""
-        start = self._may_start(stream, len(segment.pcm) / stream.bytes_per_second)
-        if start == "play":
-            return True
+        start = self._may_start(stream, len(segment.pcm) / stream.bytes_per_second, None)
         if start == "whole":
-            pair = (head.segments[0], head.segments[1]) if len(head.segments) > 1 else None
-            whole = head.wholes.get(pair) if pair is not None else None
-            if whole is None:
-                head.checked = True
-            else:
-                head.segments.popleft()
-                head.segments[0] = whole
-                head.private.add(whole)
-            self._touch(stream.slot)
-        return False
+            self._speak_whole(stream, head)
+        return start == "play"
+
+    def _speak_whole(self, stream: Stream, head: Utterance) -> None:
+        """``head`` (``stream``'s new utterance) is not to start with its next segment
+        alone (Policy.cached_start said "whole"): that segment and the personal rest
+        after it become the one segment they were cut from (not to be kept: it carries
+        the rest's data), or, not cut from one, the next segment goes to synthesis
+        (``head.checked``)."""
+        pair = (head.segments[0], head.segments[1]) if len(head.segments) > 1 else None
+        whole = head.wholes.get(pair) if pair is not None else None
+        if whole is None:
+            head.checked = True
+        else:
+            head.segments.popleft()
+            head.segments[0] = whole
+            head.private.add(whole)
+        self._touch(stream.slot)
 
     def play_cached(self, stream: Stream, utterance: Utterance, segment: CachedSegment) -> None:
         """Play the next segment of ``utterance`` (the stream's head) from the cache: its
@@ -174,16 +188,31 @@ class CachePath:
 
     # --- flights ---------------------------------------------------------------------
 
-    def join(self, stream: Stream) -> bool:
+    def joins(self, stream: Stream) -> bool:
+        """Whether ``stream``'s next segment is left to a synthesis in flight for another
+        (:meth:`join`: joined, or it waits to): not to be synthesized for it."""
+        return self.join(stream) != "no"
+
+    def join(self, stream: Stream, *, admitted: bool = False) -> JoinOutcome:
         """Let ``stream`` hear the synthesis in flight of its next segment, if there is
         one it may join (the same key; never for ``cache: false``): what was produced so
-        far at once, the rest as it comes. True if it joined."""
+        far at once, the rest as it comes. A new utterance whose rest is personal (never
+        anyone else's synthesis) joins only as it would start from the cache
+        (Policy.cached_start, its audio due when the flight is): it "waits" until its rest
+        can follow without a gap, or is spoken whole; ``admitted``: its start was weighed
+        already (the scheduler's choice, Policy.can_start)."""
         head = stream.utterances[0]
         if head.keys is None or not head.retain:
-            return False
+            return "no"
         flight = self._flights.joinable(head.keys.key(head.segments[0]))
         if flight is None:
-            return False
+            return "no"
+        if not admitted and _rest_is_personal(head) and policy.is_new(stream):
+            start = self._may_start(stream, flight.expected_audio_s, flight.expected_end)
+            if start == "whole":
+                self._speak_whole(stream, head)
+            if start != "play":
+                return "waits"
         segment = take_segment(stream, record=False)
         if not head.cache:
             head.cache = "join"
@@ -192,7 +221,7 @@ class CachePath:
             self._output.write(stream, head, bytes(flight.pcm))
         if flight.words is not None:
             self._tell(flight.listeners[-1], flight.words)
-        return True
+        return "joined"
 
     def listen(
         self,
@@ -362,3 +391,9 @@ class CachePath:
             if self.may_keep(utterance, key, cut.text):
                 whole = CachedSegment(bytes(cut.pcm), tuple(cut.words))
                 self._cache.put(key, whole, since=stream.cache_epoch)
+
+
+def _rest_is_personal(head: Utterance) -> bool:
+    """Whether a segment after ``head``'s next one carries personal data: it is
+    synthesized for this stream alone (no flight or cache entry serves it)."""
+    return any(text in head.private for text in islice(head.segments, 1, None))

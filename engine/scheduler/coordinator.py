@@ -51,7 +51,7 @@ from engine.scheduler.lanes import (
     take_segment,
 )
 from engine.scheduler.output import EventSink, OutputWriter, RelativeWords, relative_words
-from engine.scheduler.policy import RESERVE_FACTOR, RESERVE_FLOOR_S, Policy
+from engine.scheduler.policy import RESERVE_FACTOR, RESERVE_FLOOR_S, CachedStart, Policy
 from engine.scheduler.state import (
     Generations,
     Lane,
@@ -113,8 +113,7 @@ class Scheduler:
         self._flights = FlightTable(self._generations)
         self._cache_path = CachePath(
             self._cache, self._flights, self._output, self._counters, self._results.put,
-            self._touch, lambda stream, seconds: self._policy.cached_start(
-                stream.lane, stream, seconds, time.monotonic()),
+            self._touch, self._may_start,
         )  # fmt: skip
         self._warm_ups = WarmUps(
             self._cache, self._flights, self._counters, self._results.put, self._wakeup,
@@ -307,6 +306,13 @@ class Scheduler:
         for result in self._results.drain():
             self._take_result(result)
 
+    def _may_start(self, stream: Stream, leading_s: float, due_at: float | None) -> CachedStart:
+        now = time.monotonic()
+        arrives_in = 0.0 if due_at is None else max(0.0, due_at - now)
+        return self._policy.cached_start(
+            stream.lane, stream, leading_s, now, arrives_in_s=arrives_in
+        )
+
     def _touch(self, slot: int) -> None:
         """``slot``'s stream has output or work to look at in the next pass."""
         self._dirty[slot] = None
@@ -466,7 +472,7 @@ class Scheduler:
             while True:
                 now = time.monotonic()
                 waiting = self._waiting_streams()
-                formed = next_batch(lane, batch, waiting, self._policy, self._cache_path.join, now)
+                formed = next_batch(lane, batch, waiting, self._policy, self._cache_path.joins, now)
                 if formed is None:
                     break
                 chosen = formed.streams
@@ -486,7 +492,7 @@ class Scheduler:
     def _job_for(self, stream: Stream, lane: Lane) -> Job | None:
         """The job of ``stream``'s next segment, as a flight others may join when it has
         a key and may be shared; None when it joined one begun in this very batch."""
-        if self._cache_path.join(stream):
+        if self._cache_path.join(stream, admitted=True) == "joined":
             return None
         utterance = stream.utterances[0]
         shared = utterance.keys is not None and utterance.retain

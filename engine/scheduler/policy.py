@@ -278,15 +278,25 @@ class Policy:
             min_piece_chars=MIN_FIT_CHARS,
         )
 
-    def cached_start(self, lane: Lane, stream: Stream, leading_s: float, now: float) -> CachedStart:
+    def cached_start(
+        self,
+        lane: Lane,
+        stream: Stream,
+        leading_s: float,
+        now: float,
+        *,
+        arrives_in_s: float = 0.0,
+    ) -> CachedStart:
         """May the new utterance of ``stream`` start with its next segment from the speech
         cache (``leading_s`` seconds of audio: a hit, or the words before a personal
-        item)? Once a caller hears an utterance's first frame, the rest must come without
-        a gap, so it starts ("play") only when what it must still synthesize can follow
-        that audio in time without making a call in progress run dry (engine/capacity.py,
-        the newcomer heard from its cached start on); otherwise it "wait"s (within the
-        start deadline) while the lane could do it were it free, for ``cached_wait_s``
-        at most; when even a free lane could not follow that start in time, or it has
+        item), or from a synthesis of it in flight for others (a join: its audio
+        ``arrives_in_s`` from now, as the lane expects that flight done)? Once a caller
+        hears an utterance's first frame, the rest must come without a gap, so it starts
+        ("play") only when what it must still synthesize can follow that audio in time
+        without making a call in progress run dry (engine/capacity.py, the newcomer
+        heard from its cached start on); otherwise it "wait"s (within the start
+        deadline) while the lane could do it were it free, for ``cached_wait_s`` at
+        most; when even a free lane could not follow that start in time, or it has
         waited that long, it is spoken "whole" (the cached words and the rest as one
         segment, synthesized as a new utterance in its turn). Cached whole, already
         playing, or in a lane that is not gated: "play"."""
@@ -298,7 +308,10 @@ class Policy:
         committed = self._committed(lane, stream)
         if lane.seconds_per_char == 0.0:  # no pace yet: while a worker is free
             return "play" if sum(s.busy for s in committed) < lane.threads else "wait"
-        new = StreamWork(rest, unplayed_s=leading_s, heard=True)
+        if arrives_in_s > 0.0:
+            new = StreamWork(rest, in_flight_s=arrives_in_s, in_flight_audio_s=leading_s)
+        else:
+            new = StreamWork(rest, unplayed_s=leading_s, heard=True)
         if not self._replay(lane, [0.0] * lane.threads).keeps_pace(new, []):
             return "whole"  # even a free lane could not follow it in time
         streams = [remaining_work(s, now) for s in committed]

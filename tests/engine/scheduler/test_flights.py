@@ -279,3 +279,42 @@ def test_a_burst_on_a_new_prompt_is_one_synthesis(make_rig: MakeRig, callers: in
     results = [rig.say_result(slot) for slot in range(callers)]
     assert len({pcm for pcm, _ in results}) == 1
     assert sorted(backend.texts) == sorted(set(backend.texts)) and len(backend.texts) == 2
+
+
+class OneGatedWorker(GatedTones):
+    """The gated tones as Piper's lane: one worker, new utterances admitted by capacity."""
+
+    independent_calls = True
+
+    def __init__(self) -> None:
+        super().__init__(threads=1)
+
+
+def test_a_joiner_whose_rest_is_personal_starts_only_when_its_rest_can_follow(
+    make_rig: MakeRig,
+) -> None:
+    """The words before an amount are in flight for one caller when another caller's
+    new sentence starts with them: its amount is its own work, so it does not join while
+    the lane could not follow those words with its amount in time (here: the one worker
+    is busy with the flight, and the lane has no pace yet). It waits, and starts from the
+    cache once the words are stored; they were synthesized once. A caller of the same
+    words with nothing personal after them still joins at once."""
+    backend = OneGatedWorker()
+    rig = make_rig(backend)
+    for slot in (1, 2, 3):
+        rig.open(slot)
+    prefix = "Your current balance is"
+    rig.scheduler.speak(1, 1, f"{prefix} $5.", True)
+    assert backend.started.wait(WAIT_S)
+    rig.scheduler.speak(2, 1, f"{prefix} $1,234.56.", True)
+    rig.scheduler.speak(3, 1, prefix, True)
+    wait_until(lambda: rig.rings[3].write_pos > 0, "the caller with nothing personal joined")
+    time.sleep(0.2)  # (the coordinator has weighed the amount's caller many times by now)
+    assert rig.rings[2].write_pos == 0 and not rig.events.of(2)
+    backend.go.set()
+    assert rig.say_result(3)[1].cache == "join"
+    assert rig.say_result(1)[1].cache == "miss"
+    pcm, audio = rig.say_result(2)
+    assert audio.cache == "hit" and len(pcm) > 0  # the stored words, then its amount
+    assert backend.texts.count(prefix) == 1
+    assert rig.scheduler.stats.joined_segments == 1

@@ -250,6 +250,28 @@ def test_a_cached_start_waits_until_the_rest_can_follow_in_time() -> None:
     assert rules.cached_start(free, inline, 1.3, now=0.0) == "play"
 
 
+def test_a_join_starts_as_a_cached_start_from_when_the_flight_is_due() -> None:
+    """A new utterance that would join a synthesis in flight of its first segment, its
+    rest to be synthesized for it alone, is weighed as a cached start whose audio comes
+    when the flight is due (the stream hears the flight until it ends, and its rest
+    begins no earlier)."""
+    lane = make_lane(gated=True, threads=1, max_batch=1)
+    lane.seconds_per_char = 0.02
+    lane.audio_per_char = 0.07
+    prefix, amount = "Your current balance is", "one thousand two hundred dollars."
+    new = make_stream(lane, 1, [prefix, amount], arrived_at=1.0)
+    rules = Policy(margin_s=0.25)
+    lane.running[1] = RunningBatch(3.0)  # the worker is busy for 3 s more
+    # 1.3 s of words in the cache now: the amount (0.83 s with the replay's safety)
+    # could not begin before 3 s, long after they end: it waits.
+    assert rules.cached_start(lane, new, 1.3, now=0.0) == "wait"
+    # The same words from a flight due in 2.9 s play from 2.9 s to 4.2 s; the amount,
+    # begun at 3 s, is in at 3.83 s, before 4.2 - 0.25: it joins.
+    assert rules.cached_start(lane, new, 1.3, now=0.0, arrives_in_s=2.9) == "play"
+    # Due at once, they are the cached start again.
+    assert rules.cached_start(lane, new, 1.3, now=0.0, arrives_in_s=0.0) == "wait"
+
+
 def test_a_segment_heard_in_pieces_counts_only_its_rest_as_still_to_come() -> None:
     """A segment in flight whose first pieces are already written (Kokoro's leading
     segment) adds only the audio still to come when it ends: that already written is in
