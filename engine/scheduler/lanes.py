@@ -265,7 +265,7 @@ class WorkerPool:
         """Hand ``batch`` to a worker (on the coordinator thread): it takes a free core now
         if there is one (the coordinator's pick goes before newcomers already waiting),
         else its worker waits for one at the gate."""
-        ticket = Ticket(self._lane.threads if batch.alone else 1, batch.newcomer)
+        ticket = Ticket(self._lane.cores_of(lone=batch.alone), batch.newcomer)
         self.gate.take_free(ticket)
         self._jobs.put((batch, ticket))
 

@@ -50,19 +50,18 @@ CachedStart = Literal["play", "wait", "whole"]
 Room = Literal["any", "playing", "newcomers", "none"]
 
 
-def room(lane: Lane, ready: Sequence[Stream]) -> Room:
-    """What a batch lane may take now, of its ``ready`` streams: with a core free, "any"
-    stream, or only "playing" ones while newcomers already wait at its gate for a core
-    (they go first, in order: engine/scheduler/cores.py ``admit``); with every core held,
-    "newcomers" on its ``spare`` workers while a running call has audio enough to give
-    one its core between pieces (``CoreGate.could_step_aside``) and no stream already
-    playing waits for a core (it goes before any newcomer: :meth:`Policy.urgency`); else
-    "none". Tells the gate whether such a stream waits: running calls then give their
-    cores to no newcomer."""
+def room(lane: Lane, *, playing_waits: bool) -> Room:
+    """What a batch lane may take now, of its ready streams (``playing_waits``: one of
+    them is playing, not new): with a core free, "any" stream, or only "playing" ones
+    while newcomers already wait at its gate for a core (they go first, in order:
+    engine/scheduler/cores.py ``admit``); with every core held, "newcomers" on its
+    ``spare`` workers while a running call has audio enough to give one its core between
+    pieces (``CoreGate.could_step_aside``) and no stream already playing waits for a core
+    (it goes before any newcomer: :meth:`Policy.urgency`); else "none". Tells the gate
+    whether such a stream waits: running calls then give their cores to no newcomer."""
     gate = lane.gate
     if gate is None:
         return "any" if lane.in_flight < lane.threads else "none"
-    playing_waits = any(not is_new(s) for s in ready)
     gate.playing_waits = playing_waits
     waiting, newcomers = gate.waiting
     if lane.in_flight >= lane.threads + lane.spare:

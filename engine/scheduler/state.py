@@ -148,6 +148,10 @@ class Lane:
         """No batch of the lane runs: one that begins now runs alone."""
         return self.in_flight == 0
 
+    def cores_of(self, *, lone: bool) -> int:
+        """The cores a batch holds: every one for a lone call (:meth:`runs_alone`), else one."""
+        return self.threads if lone else 1
+
     def call_seconds(self, chars: int, *, alone: bool = False) -> float:
         """The expected wall seconds of a call whose longest segment has ``chars``
         characters; ``alone``: one that runs while the lane runs nothing else (at the
@@ -177,7 +181,7 @@ class Lane:
         worker shares the cores from now on (a backend may have given it every core): it
         and its streams are expected done when the lane's shared pace says,
         ``cost_factor`` its safety (never earlier than before)."""
-        workers = self.threads if lone else 1
+        workers = self.cores_of(lone=lone)
         batch = RunningBatch(end, now, chars, self.idle, workers, streams=tuple(streams))
         for running in self.running.values():
             if running.overlapped:

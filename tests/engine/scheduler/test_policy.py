@@ -457,3 +457,40 @@ def test_a_held_utterance_is_weighed_again_on_its_progress_or_after_the_recheck_
     assert weighed[-1] == 0.06 and not head.held
     rules.recheck_release(stream, now=1.0)  # not held: nothing to weigh
     assert len(weighed) == 3
+
+
+def keyed_new_streams(lane: Lane, texts: Sequence[str]) -> list[Stream]:
+    """New utterances of ``texts`` (slots 1, 2, ..., arriving in that order), each looked
+    up in the speech cache and missed."""
+    from engine.scheduler.cache_keys import key_maker
+    from engine.speech_cache import tenant_scope
+
+    streams = [make_stream(lane, slot, [text], arrived_at=slot) for slot, text in
+               enumerate(texts, start=1)]  # fmt: skip
+    for stream in streams:
+        keys = key_maker(stream.voice, stream.voice.handle, None, RATE, scope=tenant_scope(""))
+        assert keys is not None
+        stream.utterances[0].keys = keys
+        stream.utterances[0].checked = True
+    return streams
+
+
+@pytest.mark.parametrize(
+    ("texts", "first"),
+    [
+        (["An amount for one caller.", "Welcome.", "Welcome.", "Welcome."], 2),
+        (["An amount for one caller.", "Welcome.", "Goodbye."], 1),  # one each: arrival
+    ],
+)
+def test_the_new_sentence_most_callers_wait_for_goes_first(texts: list[str], first: int) -> None:
+    """Among new utterances, the one whose first segment most callers wait for is taken
+    first (one synthesis serves them all: the others join it), then arrival order."""
+    from engine.scheduler.cores import CoreGate
+    from engine.scheduler.dispatch import next_batch
+
+    lane = make_lane(threads=1, max_batch=1)
+    lane.gate = CoreGate(1)
+    streams = keyed_new_streams(lane, texts)
+    assert lane.batch is not None
+    formed = next_batch(lane, lane.batch, streams, Policy(), lambda s: False, now=0.0)
+    assert formed is not None and [s.slot for s in formed.streams] == [first]
