@@ -484,8 +484,7 @@ class Scheduler:
                 cost = self._policy.cost_factor
                 lane.begin(id(work), end, chars, now, cost, streams=chosen, lone=work.alone)
                 self._pools[id(lane)].submit(work)
-            if lane.gate is not None:
-                lane.gate.admit()  # the cores left free go to newcomers waiting for one
+            lane.gate.admit()  # the cores left free go to newcomers waiting for one
             if self._warm_ups:
                 self._warm_ups.dispatch(lane, self._pools[id(lane)], self)
 

@@ -156,7 +156,7 @@ def lane_for(backend: Backend) -> Lane:
         return Lane(
             backend, backend, threads, max_batch, can.independent_calls, can.word_timings,
             lone_calls=can.lone_calls, paced_leading=can.paced_leading,
-            spare=SPARE_JOBS if can.paced_leading else 0, gate=CoreGate(threads),
+            spare=SPARE_JOBS if can.paced_leading else 0,
         )  # fmt: skip
     return Lane(backend, None, times_words=can.word_timings)
 
@@ -249,8 +249,6 @@ class WorkerPool:
         self._put = results
         self._jobs: queue.SimpleQueue[tuple[Batch, Ticket] | None] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
-        if lane.gate is None:
-            raise ValueError("a batch lane hands out its cores through a CoreGate")
         self.gate = lane.gate
 
     def start(self) -> None:
@@ -289,49 +287,22 @@ class WorkerPool:
 
     def _run(self, batch: Batch, ticket: Ticket) -> BatchDone:
         jobs = batch.jobs
-        first_emit: list[float] = []  # when its first audio went out
-
-        def wanted() -> bool:
-            return any(self._generations.current(j.slot) == j.generation for j in jobs)
-
-        def emit(index: int, chunk: PcmChunk) -> bool:
-            job = jobs[index]
-            if self._generations.current(job.slot) != job.generation:
-                return False  # cancelled, or closed, while synthesizing
-            pcm = job.resampler.process(chunk.tobytes())
-            if pcm or len(chunk):
-                if not first_emit:
-                    first_emit.append(time.monotonic())
-                self._put(Audio(job, pcm, len(chunk)))
-            return True
-
-        def timed(index: int, words: Sequence[WordTiming]) -> None:
-            self._put(Words(jobs[index], tuple(words)))
-
-        def checkpoint(audio_out_s: float, next_s: float) -> bool:
-            plays_until = (first_emit[0] if first_emit else time.monotonic()) + audio_out_s
-            deadline = plays_until - next_s * PIECE_SAFETY - MARGIN_S
-            return self.gate.checkpoint(ticket, deadline, next_s, wanted)
-
-        def narrowed() -> None:
-            self.gate.narrow(ticket)
-            self._put(Narrowed(batch))
-
+        run = _BatchRun(batch, ticket, self.gate, self._generations, self._put)
         started = time.perf_counter()
-        if not self.gate.enter(ticket, wanted):
+        if not self.gate.enter(ticket, run.wanted):
             stopped = ("engine_error", "the engine stopped") if self.gate.closed else None
             return BatchDone(batch, stopped, 0.0)  # cancelled while it waited: nothing ran
         error: tuple[str, str] | None = None
         segments = [
             SynthesisJob(j.text, j.voice, j.leading, batch.alone,
-                         narrowed if batch.alone else None, None if j.warm else checkpoint)
+                         run.narrowed if batch.alone else None, None if j.warm else run.checkpoint)
             for j in jobs
         ]  # fmt: skip
         try:
             if self._lane.times_words:
-                self._batch.synthesize_batch(segments, emit, timed)
+                self._batch.synthesize_batch(segments, run.emit, run.timed)
             else:
-                self._batch.synthesize_batch(segments, emit)
+                self._batch.synthesize_batch(segments, run.emit)
             for job in jobs:  # each segment's resampling ends with it (module docstring)
                 if self._generations.current(job.slot) == job.generation:
                     tail = job.resampler.flush()
@@ -347,3 +318,45 @@ class WorkerPool:
         if error is None and self.gate.closed:
             error = ("engine_error", "the engine stopped")  # (a job may have been cut short)
         return BatchDone(batch, error, time.perf_counter() - started - ticket.waited_s)
+
+
+@dataclass
+class _BatchRun:
+    """One batch on a worker: what its backend's callbacks share. Its audio and words go
+    to the coordinator (``put``) while its jobs are wanted; at a checkpoint it may give its
+    core to another job at the lane's ``gate`` (engine/scheduler/cores.py)."""
+
+    batch: Batch
+    ticket: Ticket
+    gate: CoreGate
+    generations: Generations
+    put: Callable[[Result], None]
+    first_emit: float | None = None  # when its first audio went out (monotonic)
+
+    def wanted(self) -> bool:
+        return any(self.generations.current(j.slot) == j.generation for j in self.batch.jobs)
+
+    def emit(self, index: int, chunk: PcmChunk) -> bool:
+        job = self.batch.jobs[index]
+        if self.generations.current(job.slot) != job.generation:
+            return False  # cancelled, or closed, while synthesizing
+        pcm = job.resampler.process(chunk.tobytes())
+        if pcm or len(chunk):
+            if self.first_emit is None:
+                self.first_emit = time.monotonic()
+            self.put(Audio(job, pcm, len(chunk)))
+        return True
+
+    def timed(self, index: int, words: Sequence[WordTiming]) -> None:
+        self.put(Words(self.batch.jobs[index], tuple(words)))
+
+    def checkpoint(self, audio_out_s: float, next_s: float) -> bool:
+        """A piece is next (SynthesisJob.checkpoint): False stops the job."""
+        began = self.first_emit if self.first_emit is not None else time.monotonic()
+        deadline = began + audio_out_s - next_s * PIECE_SAFETY - MARGIN_S
+        return self.gate.checkpoint(self.ticket, deadline, next_s, self.wanted)
+
+    def narrowed(self) -> None:
+        """The lone batch goes on with one core (SynthesisJob.narrowed)."""
+        self.gate.narrow(self.ticket)
+        self.put(Narrowed(self.batch))

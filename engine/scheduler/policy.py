@@ -60,8 +60,6 @@ def room(lane: Lane, *, playing_waits: bool) -> Room:
     (it goes before any newcomer: :meth:`Policy.urgency`); else "none". Tells the gate
     whether such a stream waits: running calls then give their cores to no newcomer."""
     gate = lane.gate
-    if gate is None:
-        return "any" if lane.in_flight < lane.threads else "none"
     gate.playing_waits = playing_waits
     waiting, newcomers = gate.waiting
     if lane.in_flight >= lane.threads + lane.spare:

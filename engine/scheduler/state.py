@@ -121,7 +121,8 @@ class Lane:
     # Workers beyond the cores, for new utterances' first segments (lanes.SPARE_JOBS):
     # each waits for a core that a running job gives between pieces (scheduler/cores.py).
     spare: int = 0
-    gate: CoreGate | None = None  # its cores, given between pieces (a batch lane's)
+    # Its cores, given between pieces (scheduler/cores.py; a batch lane's workers use it).
+    gate: CoreGate = field(init=False)
     # A call that runs alone may take every core (its capability record's ``lone_calls``).
     lone_calls: bool = False
     # A leading segment comes in pieces that keep pace once the first is out (its
@@ -142,6 +143,9 @@ class Lane:
     audio_per_char: float = 0.0  # recent seconds of audio per character of text
     running: dict[int, RunningBatch] = field(default_factory=dict)  # id(batch) -> it
     streams: dict[int, Stream] = field(default_factory=dict)  # slot -> its open stream
+
+    def __post_init__(self) -> None:
+        self.gate = CoreGate(self.threads)
 
     @property
     def idle(self) -> bool:

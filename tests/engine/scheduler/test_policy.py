@@ -485,11 +485,9 @@ def keyed_new_streams(lane: Lane, texts: Sequence[str]) -> list[Stream]:
 def test_the_new_sentence_most_callers_wait_for_goes_first(texts: list[str], first: int) -> None:
     """Among new utterances, the one whose first segment most callers wait for is taken
     first (one synthesis serves them all: the others join it), then arrival order."""
-    from engine.scheduler.cores import CoreGate
     from engine.scheduler.dispatch import next_batch
 
     lane = make_lane(threads=1, max_batch=1)
-    lane.gate = CoreGate(1)
     streams = keyed_new_streams(lane, texts)
     assert lane.batch is not None
     formed = next_batch(lane, lane.batch, streams, Policy(), lambda s: False, now=0.0)

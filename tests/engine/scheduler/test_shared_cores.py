@@ -67,10 +67,11 @@ def test_a_newcomer_s_first_audio_comes_while_both_cores_run_long_calls(
     for slot in range(2):
         first_audio(rig, slot)  # both cores run a call whose first audio is out
     wait_until(lambda: len(backend.texts) == 2, "both calls began")
+    gate = next(iter(rig.scheduler._lanes.values())).gate
+    if checkpoints:  # (their first audio can be out before their first checkpoint)
+        wait_until(gate.could_step_aside, "a running call told the gate its audio in hand")
     rig.scheduler.speak(2, 1, NEWCOMER, True)
     if checkpoints:  # their audio in hand is known: the newcomer waits on a spare worker
-        gate = next(iter(rig.scheduler._lanes.values())).gate
-        assert gate is not None
         wait_until(lambda: gate.waiting == (1, 1), "the newcomer waits for a core")
     else:  # nothing is known of their audio: it waits in the coordinator's queue
         time.sleep(0.2)
