@@ -44,7 +44,9 @@ Order: work is done one text segment at a time (a clause or a sentence, at most
 1. streams that are playing and hold less unplayed audio than a reserve (three times
    what their next segment is expected to take, from the lane's recent pace, plus
    0.2 s), the least slack first: audio a caller is already hearing must not stop;
-2. new utterances (nothing of them produced, nothing playing), oldest first: first audio;
+2. new utterances (nothing of them produced, nothing playing): first audio; in a worker
+   lane, the one whose first segment most of them wait for first (one synthesis that
+   they all hear: engine/scheduler/dispatch.py), then the oldest;
 3. streams that are comfortably ahead, the least slack first.
 
 A batch is the most urgent streams of one model. When the engine has spare capacity the
