@@ -32,7 +32,12 @@ def smoothed(old: float, value: float) -> float:
     return value if old == 0.0 else old + PACE_SMOOTHING * (value - old)
 
 
-CACHED_WAIT_S = 0.5
+#: How long a new utterance with a cached start waits for room for its rest before it is
+#: spoken whole (Policy.cached_start). Spoken whole, its cached words are synthesized again
+#: and it goes first among the new utterances (it is the oldest), holding the others back
+#: until that larger job fits: at 0.5 s, 100 warm calls of the IVR mix on a 2-core VM
+#: (K, stop 47) had p99 3.7-4.6 s in six runs, at 5 s 2.6-4.0 s (docs/benchmarks.md).
+CACHED_WAIT_S = 5.0
 #: A held-back utterance whose own progress has not changed is weighed again (a replay
 #: of its lane) at most this often: the coordinator polls streams that wait for ring
 #: space every few milliseconds, and a held one waits so; the lane's other changes (a

@@ -227,7 +227,8 @@ def test_a_cached_start_waits_until_the_rest_can_follow_in_time() -> None:
     prefix, amount = "Your current balance is", "one thousand two hundred dollars."
     new = make_stream(lane, 1, [prefix, amount], arrived_at=1.0)
     new.utterances[0].cached_texts.add(prefix)
-    rules = Policy(margin_s=0.25)  # (the times below are set against this margin)
+    # (the times below are set against this margin and wait)
+    rules = Policy(margin_s=0.25, cached_wait_s=0.5)
     assert rules.cached_start(lane, new, 1.3, now=0.0) == "play"  # an idle worker
     # The worker is busy for 3 s more: the amount could not follow 1.3 s of cached audio.
     lane.running[1] = RunningBatch(3.0)
