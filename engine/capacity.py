@@ -46,6 +46,20 @@ class Pace:
     seconds_per_call: float = 0.0  # ... and per segment, whatever its length
     min_call_seconds: float = 0.0  # no segment costs less (the fastest call seen)
 
+    def call_seconds(self, chars: int, cost_factor: float) -> float:
+        """What a segment of ``chars`` characters costs a worker, ``cost_factor`` the
+        safety on it."""
+        line = self.seconds_per_call + self.seconds_per_char * chars
+        return max(self.min_call_seconds, line) * cost_factor
+
+    def chars_within(self, seconds: float, cost_factor: float) -> int:
+        """The most characters a segment may have to cost at most ``seconds``
+        (:meth:`call_seconds`; 0: none does, or the pace is not known)."""
+        char_cost = self.seconds_per_char * cost_factor
+        if char_cost <= 0.0 or seconds < self.min_call_seconds * cost_factor:
+            return 0
+        return max(0, int((seconds - self.seconds_per_call * cost_factor) / char_cost))
+
 
 @dataclass(frozen=True)
 class StreamWork:
@@ -130,9 +144,6 @@ def run_dry(
     first, the others by when their audio runs out (see the module docstring)."""
     if min_piece_chars is not None and min_piece_chars < 1:
         raise ValueError("min_piece_chars must be at least 1")
-    char_cost = pace.seconds_per_char * cost_factor
-    call_cost = pace.seconds_per_call * cost_factor
-    floor_cost = pace.min_call_seconds * cost_factor
     free = sorted(max(0.0, f) for f in workers_free_in) or [0.0]
     heapq.heapify(free)
     plays_until = [s.unplayed_s for s in streams]
@@ -179,13 +190,13 @@ def run_dry(
                 continue
         _, _, i = heapq.heappop(ready)
         chars = left[i].pop(0)
-        if min_piece_chars is not None and heard[i] and char_cost > 0.0:
-            fits = int((plays_until[i] - margin_s - worker - call_cost) / char_cost)
+        if min_piece_chars is not None and heard[i] and pace.seconds_per_char > 0.0:
+            fits = pace.chars_within(plays_until[i] - margin_s - worker, cost_factor)
             piece = min(max(fits, min_piece_chars), chars - min_piece_chars)
             if piece >= min_piece_chars and piece < chars:  # the lane cuts: a piece now
                 left[i].insert(0, chars - piece)
                 chars = piece
-        done = worker + max(floor_cost, call_cost + chars * char_cost)
+        done = worker + pace.call_seconds(chars, cost_factor)
         heapq.heappush(arrivals, (done, i, chars * rate[i]))
         heapq.heappush(free, done)
     return dry

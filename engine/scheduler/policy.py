@@ -408,11 +408,9 @@ class Policy:
         head = stream.utterances[0]
         if lane.seconds_per_char == 0.0 or head.start_pos is None:
             return
-        char_cost = lane.seconds_per_char * self.cost_factor
-        call_cost = lane.seconds_per_call * self.cost_factor
-        budget = (unplayed_s(stream) - self.margin_s - call_cost) / char_cost
+        budget = self._pace(lane).chars_within(unplayed_s(stream) - self.margin_s, self.cost_factor)
         if len(head.segments[0]) > budget:
-            pieces = split_to_fit(head.segments[0], int(budget))
+            pieces = split_to_fit(head.segments[0], budget)
             if len(pieces) > 1:
                 whole = head.segments.popleft()
                 head.segments.extendleft(reversed(pieces))

@@ -166,3 +166,16 @@ def test_no_segment_costs_less_than_the_fastest_call() -> None:
     assert run_dry([stream], [0.0], PACE, **EXACT) == set()
     floored = Pace(seconds_per_char=0.01, audio_per_char=0.06, min_call_seconds=0.3)
     assert run_dry([stream], [0.0], floored, **EXACT) == {0}
+
+
+def test_a_pace_prices_a_call_and_says_how_long_a_piece_fits_in_a_time() -> None:
+    """One formula for what a segment costs (a fixed cost, a cost per character, never
+    below the fastest call, with the safety factor) and its inverse, which the lane's cut
+    and the replay's cut both use: the longest piece that costs at most that time."""
+    pace = Pace(0.01, 0.07, seconds_per_call=0.1, min_call_seconds=0.3)
+    assert pace.call_seconds(10, 1.0) == pytest.approx(0.3)  # the floor: 0.2 by the line
+    assert pace.call_seconds(50, 2.0) == pytest.approx(1.2)
+    assert pace.chars_within(1.2, 2.0) == 50
+    assert pace.call_seconds(pace.chars_within(1.0, 1.25), 1.25) <= 1.0
+    assert pace.chars_within(0.5, 2.0) == 0  # less than the fastest call costs
+    assert Pace(0.0, 0.07).chars_within(5.0, 1.0) == 0  # no pace yet
