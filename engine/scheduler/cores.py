@@ -211,8 +211,7 @@ class CoreGate:
 
     def _hand_out(self) -> None:
         """Free cores to the jobs that stepped aside, the earliest deadline first."""
-        stepped = [t for t in self._waiting if not t.newcomer]
-        self._grant_in_turn(sorted(stepped, key=lambda t: t.deadline))
+        self._grant_in_turn(sorted(self._stepped(), key=lambda t: t.deadline))
 
     def _grant_in_turn(self, turn: list[Ticket]) -> None:
         """Free cores to the waiting jobs of ``turn``, in its order, while they fit."""
@@ -229,17 +228,16 @@ class CoreGate:
     def _next(self, now: float) -> Ticket | None:
         """The waiting job that gets the next free core."""
         newcomers = self._newcomers()
-        earliest = self._earliest_stepped()
+        earliest = min(self._stepped(), key=lambda t: t.deadline, default=None)
         if earliest is not None and (
             not newcomers or earliest.deadline - now < self.first_run_s + MARGIN_S
         ):
             return earliest
         return min(newcomers, key=lambda t: t.order, default=None)
 
-    def _earliest_stepped(self) -> Ticket | None:
-        """The waiting job that stepped aside whose deadline comes first."""
-        stepped = [t for t in self._waiting if not t.newcomer]
-        return min(stepped, key=lambda t: t.deadline, default=None)
+    def _stepped(self) -> list[Ticket]:
+        """The waiting jobs that stepped aside (not newcomers)."""
+        return [t for t in self._waiting if not t.newcomer]
 
     def _yields_to(self, running: Ticket, waiting: Ticket, now: float) -> bool:
         """Whether ``running``, at a checkpoint, gives its core to ``waiting``."""
