@@ -393,12 +393,7 @@ class Policy:
 
     @staticmethod
     def _pace(lane: Lane) -> Pace:
-        return Pace(
-            lane.seconds_per_char,
-            lane.audio_per_char or AUDIO_PER_CHAR_PRIOR,
-            lane.seconds_per_call,
-            lane.fastest_call,
-        )
+        return lane.pace(audio_per_char_prior=AUDIO_PER_CHAR_PRIOR)
 
     def fit_next_segment(self, lane: Lane, stream: Stream) -> None:
         """Cut the next segment of a playing stream when, at the lane's pace, it would not

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from engine.backends.base import Backend, BatchSynthesizer
 from engine.backends.routing import RoutedVoice
+from engine.capacity import Pace
 from engine.ipc.boundaries import BoundaryWriter
 from engine.ipc.ring import SpscRing
 from engine.scheduler.cache_keys import KeyMaker
@@ -131,7 +132,8 @@ class Lane:
     warm_busy: bool = False  # one of them is a warm-up job's (engine/scheduler/warm.py)
     # A call's recent wall time: a fixed cost plus a cost per character of its longest
     # segment (the padded length), fitted to the calls that ran beside others, or while
-    # there were none yet, to those that ran alone (engine/scheduler/pace.py).
+    # there were none yet, to those that ran alone (engine/scheduler/pace.py): the fit's
+    # line as last observed (policy.observe_pace), priced through :meth:`pace`.
     seconds_per_call: float = 0.0
     seconds_per_char: float = 0.0
     # ... and no call below the fastest that fit has seen (PaceFit.fastest)
@@ -156,17 +158,20 @@ class Lane:
         """The cores a batch holds: every one for a lone call (:meth:`runs_alone`), else one."""
         return self.threads if lone else 1
 
+    def pace(self, *, alone: bool = False, audio_per_char_prior: float = 0.0) -> Pace:
+        """The lane's pace (engine/capacity.py): its line, and its audio per character
+        (``audio_per_char_prior`` while it has measured none); ``alone``: the pace of a
+        call that runs while the lane runs nothing else, once one was measured."""
+        audio_per_char = self.audio_per_char or audio_per_char_prior
+        if alone and self.alone_fit.calls:
+            per_call, per_char = self.alone_fit.line()
+            return Pace(per_char, audio_per_char, per_call, self.alone_fit.fastest)
+        return Pace(self.seconds_per_char, audio_per_char, self.seconds_per_call, self.fastest_call)
+
     def call_seconds(self, chars: int, *, alone: bool = False) -> float:
         """The expected wall seconds of a call whose longest segment has ``chars``
-        characters; ``alone``: one that runs while the lane runs nothing else (at the
-        pace of such calls once one was measured)."""
-        if alone and self.alone_fit.calls:
-            (per_call, per_char), fastest = self.alone_fit.line(), self.alone_fit.fastest
-        else:
-            per_call, per_char, fastest = (
-                self.seconds_per_call, self.seconds_per_char, self.fastest_call
-            )  # fmt: skip
-        return max(fastest, per_call + per_char * chars)
+        characters, no safety on it (:meth:`pace`'s ``alone``)."""
+        return self.pace(alone=alone).call_seconds(chars, 1.0)
 
     def begin(
         self,
