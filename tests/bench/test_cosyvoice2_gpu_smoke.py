@@ -13,8 +13,10 @@ distributions linked from here instead.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,44 @@ def test_the_kv_benchmark_steps_every_level_and_frees_the_pool(tmp_path: Path) -
     rows = json.loads((out / "cosyvoice2_kv.json").read_text())["rows"]
     assert [r["streams"] for r in rows] == [2, 5]
     assert all(len(r["step_ms"]) == 2 and r["pool_mib"] > 0 for r in rows)
+
+
+def test_a_linked_module_reads_its_original_s_byte_code(tmp_path: Path) -> None:
+    """The image's links carry their originals' byte code: a process with the same cache
+    imports a linked module without compiling it again (the link to the byte code is still
+    there afterwards), and one whose original changed compiles it again, replacing the
+    link and never the original's byte code."""
+    original, image = tmp_path / "venv" / "probe_mod.py", tmp_path / "image" / "probe_mod.py"
+    original.parent.mkdir()
+    original.write_text("VALUE = 1\n")
+    cache = tmp_path / "pycache"
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(cache)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+
+    def run(folder: Path) -> str:
+        probe = "import probe_mod; print(probe_mod.VALUE)"
+        return subprocess.run(
+            [sys.executable, "-c", probe], cwd=folder, env=env, capture_output=True,
+            text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+
+    assert run(original.parent) == "1"  # compiled once, for the original
+    [pyc] = cache.rglob("probe_mod.*.pyc")
+    image.parent.mkdir()
+    image.symlink_to(original)
+    script = (
+        "import sys; from pathlib import Path; from tests.bench import gpu_rehearsal; "
+        "gpu_rehearsal.link_byte_code(Path(sys.argv[1]), Path(sys.argv[2]))"
+    )
+    subprocess.run(
+        [sys.executable, "-c", script, str(original), str(image)],
+        cwd=gpu_rehearsal.REPO, env=env, check=True,
+    )  # fmt: skip
+    [linked] = (p for p in cache.rglob(pyc.name) if p != pyc)
+    assert linked.is_symlink() and linked.resolve() == pyc
+    assert run(image.parent) == "1"
+    assert linked.is_symlink()  # read, not compiled again
+    before = pyc.read_bytes()
+    original.write_text("VALUE = 22\n")  # another size: the byte code is stale
+    assert run(image.parent) == "22"
+    assert not linked.is_symlink() and pyc.read_bytes() == before
