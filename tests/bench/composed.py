@@ -12,7 +12,8 @@ mu-law, as the gateway serves it), and transcribed; the error rates against the
 sentence's spoken form are compared (the goal: composed within 0.02 of whole).
 Recognizers: Whisper base (``make bench`` installs it; tests/bench/intelligibility.py) for
 both languages, PocketSphinx for English. The first ``--wavs`` pairs of each language are
-written as WAV files (``en-NN-composed.wav``, ``en-NN-whole.wav``, 8 kHz, as heard)
+written as WAV files (``en-NN-composed.wav``, ``en-NN-whole.wav``, ``en-NN-words.wav``,
+8 kHz, as heard)
 under ``<out>/composed/`` for a listener, with ``composed.json`` beside them.
 
 The cut is the engine's splitter's (engine/text.py ``SegmentSplitter``,
@@ -21,6 +22,14 @@ cut before its personal item; "whole" is that sentence as one segment. (The engi
 not cut Mandarin sentences, ``NOT_CUT_FAMILIES``, because of what this measured.)
 Piper samples noise, so two renderings of one text differ a little: the comparison is
 over the set, not per prompt.
+
+English is also rendered a third way, "words": the words kept, then the rest's spoken
+words each rendered alone once (a unit per word, as an IVR of recorded number prompts
+plays an amount), trimmed to their speech and joined by short pauses. The engine does
+not compose words (yet): this asks whether a caller would hear an amount composed from
+such units as well as one synthesized, for a cold start whose amounts could then cost
+no synthesis at all (docs/benchmarks.md, issue 37). Its active level beside the
+synthesized rest's is reported too.
 """
 
 from __future__ import annotations
@@ -100,6 +109,49 @@ def render(backend: Backend, voice: object, text: str) -> npt.NDArray[np.int16]:
     return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
 
 
+#: "words": the pause before and between word units, and each unit's fade at both ends.
+WORD_GAP_S = 0.04
+WORD_FADE_S = 0.005
+
+
+def word_unit(pcm: npt.NDArray[np.int16], rate: int) -> npt.NDArray[np.int16]:
+    """A word rendered alone, trimmed to its speech (above 3 % of its peak, with 10 ms
+    around it) and faded in and out."""
+    level = np.abs(pcm.astype(np.float32))
+    loud = np.nonzero(level > 0.03 * level.max())[0]
+    pad = int(rate * 0.01)
+    unit = pcm[max(0, loud[0] - pad) : loud[-1] + pad].astype(np.float32)
+    ramp = np.linspace(0.0, 1.0, int(rate * WORD_FADE_S), dtype=np.float32)
+    unit[: len(ramp)] *= ramp
+    unit[len(unit) - len(ramp) :] *= ramp[::-1]
+    return unit.astype(np.int16)
+
+
+def from_words(
+    backend: Backend,
+    voice: object,
+    text: str,
+    units: dict[str, npt.NDArray[np.int16]],
+    rate: int,
+) -> npt.NDArray[np.int16]:
+    """``text`` (a spoken form) as its words' units, each rendered once (kept in
+    ``units``), with a pause before and between them."""
+    gap = np.zeros(int(rate * WORD_GAP_S), dtype=np.int16)
+    parts = [gap]
+    for word in words(text):
+        if word not in units:
+            units[word] = word_unit(render(backend, voice, word), rate)
+        parts += [units[word], gap]
+    return np.concatenate(parts)
+
+
+def active_dbfs(pcm: npt.NDArray[np.int16]) -> float:
+    """The level of ``pcm``'s samples above 3 % of its peak, in dB full scale."""
+    level = np.abs(pcm.astype(np.float64))
+    loud = level[level > 0.03 * level.max()]
+    return round(float(20 * np.log10(np.sqrt(np.mean(loud**2)) / 32768)), 1)
+
+
 def cut(text: str, language: str) -> tuple[str, str, str]:
     """(the words kept, the rest synthesized, the sentence whole) as the engine cuts it."""
     splitter = SegmentSplitter(language=language, cut_before_personal=True)
@@ -143,17 +195,22 @@ def compare(
 ) -> dict[str, Any]:
     voice = backend.resolve_voice(VoiceSettings(voice_id))
     rate = backend.voice_sample_rate(voice)
-    totals = {name: {"composed": [0, 0], "whole": [0, 0]} for name in recognizers}
+    kinds = ("composed", "whole", "words") if language.startswith("en") else ("composed", "whole")
+    totals = {name: {kind: [0, 0] for kind in kinds} for name in recognizers}
+    units: dict[str, npt.NDArray[np.int16]] = {}
+    levels: list[tuple[float, float]] = []
     rows = []
     for index, text in enumerate(prompts):
         prefix, rest, whole = cut(text, language)
-        composed_pcm = np.concatenate(
-            [render(backend, voice, prefix), render(backend, voice, rest)]
-        )
+        prefix_pcm, rest_pcm = render(backend, voice, prefix), render(backend, voice, rest)
         heard = {
-            "composed": telephone(composed_pcm, rate),
+            "composed": telephone(np.concatenate([prefix_pcm, rest_pcm]), rate),
             "whole": telephone(render(backend, voice, whole), rate),
         }
+        if "words" in kinds:
+            words_pcm = from_words(backend, voice, rest, units, rate)
+            heard["words"] = telephone(np.concatenate([prefix_pcm, words_pcm]), rate)
+            levels.append((active_dbfs(words_pcm), active_dbfs(rest_pcm)))
         row: dict[str, Any] = {"prompt": text, "prefix": prefix, "rest": rest}
         for kind, audio in heard.items():
             row[f"{kind}_s"] = round(len(audio) / 8000, 2)
@@ -169,20 +226,33 @@ def compare(
                 write_wav(wav_dir / f"{tag}-{index + 1:02d}-{kind}.wav", audio)
         rows.append(row)
     rates: dict[str, Any] = {}
-    for name, kinds in totals.items():
-        composed, whole_rate = (round(e / max(n, 1), 3) for e, n in kinds.values())
-        rates[name] = {
-            "composed": composed,
-            "whole": whole_rate,
-            "difference": round(composed - whole_rate, 3),
-        }
+    for name, counts in totals.items():
+        rate_of = {kind: round(e / max(n, 1), 3) for kind, (e, n) in counts.items()}
+        composed, whole_rate = rate_of["composed"], rate_of["whole"]
+        rates[name] = {**rate_of, "difference": round(composed - whole_rate, 3)}
         unit = "CER" if language.startswith("zh") else "WER"
+        words_note = ""
+        if "words" in rate_of:
+            rates[name]["words_difference"] = round(rate_of["words"] - whole_rate, 3)
+            words_note = f"; from word units {rate_of['words']}"
         print(
             f"{voice_id} {name}: {unit} composed {composed} whole {whole_rate} "
-            f"(difference {composed - whole_rate:+.3f}) over {len(prompts)} prompts",
+            f"(difference {composed - whole_rate:+.3f}){words_note} over {len(prompts)} prompts",
             flush=True,
         )
-    return {"voice": voice_id, "language": language, "rates": rates, "prompts": rows}
+    result: dict[str, Any] = {"voice": voice_id, "language": language, "rates": rates}
+    if levels:
+        units_db, rest_db = (
+            round(float(np.mean(column)), 1) for column in zip(*levels, strict=True)
+        )
+        result["word_units"] = {
+            "units": len(units),
+            "active_dbfs": units_db,
+            "synthesized_rest_active_dbfs": rest_db,
+        }
+        print(f"word units: {len(units)}, active level {units_db} dBFS against the "
+              f"synthesized rest's {rest_db}", flush=True)  # fmt: skip
+    return {**result, "prompts": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
