@@ -223,6 +223,13 @@ class Playback:
             return self.played(head)
         return None
 
+    def head_source(self) -> str:
+        """Where the utterance at the head got its first audio: "hit" (the engine's speech
+        cache), "join" (a synthesis in flight for another call), "miss" (its own
+        synthesis); "" when not known."""
+        head = self._queue[0] if self._queue else None
+        return head.cache if isinstance(head, QueuedUtterance) else ""
+
     def _words_begun(self, item: QueuedUtterance, events: list[SessionEvent]) -> None:
         """A Words event for the words whose audio has started going out."""
         if not self.emit_words:

@@ -608,6 +608,19 @@ class Session:
 
     # --- pacing -----------------------------------------------------------------------
 
+    def _log_underrun(self, playback: Playback) -> None:
+        """One line per dry spell, for the on-call engineer: which utterance ran dry, how
+        far into it, and where its first audio came from. Never its words: they may be a
+        caller's amount or code."""
+        played = playback.playing()
+        log.warning(
+            "session %s: underrun in utterance %s after %d ms of it (its first audio: %s)",
+            self.id,
+            played.utterance_id if played else "?",
+            played.played_ms if played else 0,
+            playback.head_source() or "not known",
+        )
+
     def pump(self, now: float) -> int:
         """Send every frame due by ``now`` + lead; returns the number of frames sent.
 
@@ -642,6 +655,7 @@ class Session:
                     self._starving = True
                     self.underruns += 1
                     self._metrics.underruns.inc()
+                    self._log_underrun(playback)
                 break
             if deadline < now:  # after a gap: a new run starts now
                 self._run_base, self._run_index = now, 0

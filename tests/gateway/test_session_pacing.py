@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -456,9 +457,10 @@ async def test_burst_pacing_runs_ahead_up_to_the_burst_lead():
 # ------------------------------------------------------------------------ underruns
 
 
-async def test_underrun_is_counted_once_per_dry_spell():
+async def test_underrun_is_counted_once_per_dry_spell(caplog: pytest.LogCaptureFixture):
+    caplog.set_level(logging.WARNING, logger="gateway.session")
     h = await started()
-    h.session.speak("Streaming text.")
+    h.session.speak("Your code is 4821.", "u7")
     seq = h.last_seq()
     start = h.produce(seq, pcm(10, seed=1), end=False)
     base = h.clock()
@@ -471,6 +473,10 @@ async def test_underrun_is_counted_once_per_dry_spell():
     h.tick(40)  # stays dry for 200 ms more
     assert h.session.underruns == 1
     assert h.counter("gateway_underruns_total") == 1
+    # One line for the spell: the session, the utterance, how far into it; never its words.
+    [line] = [r.getMessage() for r in caplog.records if "underrun" in r.getMessage()]
+    assert line.startswith(f"session {h.session.id}: underrun in utterance u7 after 200 ms")
+    assert "4821" not in line and "code" not in line
 
     # The engine catches up: the clock re-bases to now, no burst to catch up.
     assert h.ring.write(pcm(20, seed=2)) == 20 * PCM16_FRAME
