@@ -114,13 +114,18 @@ WORD_GAP_S = 0.04
 WORD_FADE_S = 0.005
 
 
+def loud(pcm: npt.NDArray[np.int16]) -> npt.NDArray[np.bool_]:
+    """Which samples of ``pcm`` are speech: above 3 % of its peak."""
+    level = np.abs(pcm.astype(np.float64))
+    return level > 0.03 * level.max()  # type: ignore[no-any-return]
+
+
 def word_unit(pcm: npt.NDArray[np.int16], rate: int) -> npt.NDArray[np.int16]:
-    """A word rendered alone, trimmed to its speech (above 3 % of its peak, with 10 ms
-    around it) and faded in and out."""
-    level = np.abs(pcm.astype(np.float32))
-    loud = np.nonzero(level > 0.03 * level.max())[0]
+    """A word rendered alone, trimmed to its speech (:func:`loud`, with 10 ms around it)
+    and faded in and out."""
+    loud_at = np.nonzero(loud(pcm))[0]
     pad = int(rate * 0.01)
-    unit = pcm[max(0, loud[0] - pad) : loud[-1] + pad].astype(np.float32)
+    unit = pcm[max(0, loud_at[0] - pad) : loud_at[-1] + pad].astype(np.float32)
     ramp = np.linspace(0.0, 1.0, int(rate * WORD_FADE_S), dtype=np.float32)
     unit[: len(ramp)] *= ramp
     unit[len(unit) - len(ramp) :] *= ramp[::-1]
@@ -146,10 +151,9 @@ def from_words(
 
 
 def active_dbfs(pcm: npt.NDArray[np.int16]) -> float:
-    """The level of ``pcm``'s samples above 3 % of its peak, in dB full scale."""
-    level = np.abs(pcm.astype(np.float64))
-    loud = level[level > 0.03 * level.max()]
-    return round(float(20 * np.log10(np.sqrt(np.mean(loud**2)) / 32768)), 1)
+    """The level of ``pcm``'s speech (:func:`loud`), in dB full scale."""
+    speech = pcm[loud(pcm)].astype(np.float64)
+    return round(float(20 * np.log10(np.sqrt(np.mean(speech**2)) / 32768)), 1)
 
 
 def cut(text: str, language: str) -> tuple[str, str, str]:
